@@ -1,0 +1,314 @@
+"""Load, override and validate the lakehouse configuration (conf/lakehouse.yaml).
+
+Every value is checked against SCHEMA at start-up so a typo fails before Spark starts,
+with a message naming the key and the file (or environment variable) it came from.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONF = REPO_ROOT / "conf" / "lakehouse.yaml"
+
+LAYERS = ("bronze", "silver", "gold", "ops")
+TABLES = {
+    "bronze": ("events",),
+    "silver": ("camera_events", "quarantine", "device_locations"),
+    "gold": ("zip_hourly_sightings", "device_activity", "device_sessions"),
+    "ops": ("dq_results", "batch_accounting"),
+}
+
+# Short names users already know, mapped onto config keys.
+ENV_ALIASES = {
+    "LAKEHOUSE_ROOT": "paths.lakehouse_root",
+    "CHECKPOINT_ROOT": "paths.checkpoint_root",
+    "LANDING": "paths.landing",
+    "REFERENCE_DIR": "paths.reference",
+    "KAFKA_BOOTSTRAP": "kafka.bootstrap_servers",
+    "KAFKA_PORT": "kafka.port",
+    "KAFKA_DATA_DIR": "kafka.data_dir",
+    "SPARK_MASTER": "spark.master",
+    "TRIGGER": "streaming.trigger",
+    "TRIGGER_INTERVAL": "streaming.trigger_interval",
+    "SOURCE": "bronze.source",
+}
+ENV_PREFIX = "LAKEHOUSE__"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or malformed."""
+
+
+@dataclass(frozen=True)
+class Duration:
+    seconds: float
+    text: str
+
+    def spark(self) -> str:
+        """Spark's interval syntax, as withWatermark/window/trigger accept it."""
+        ms = int(round(self.seconds * 1000))
+        return f"{ms // 1000} seconds" if ms % 1000 == 0 else f"{ms} milliseconds"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_UNITS = {
+    "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
+
+
+def parse_duration(value: Any) -> Duration:
+    m = _DURATION_RE.match(str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"bad duration {value!r}: expected '<number> <unit>', e.g. '10 minutes'")
+    seconds = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if seconds <= 0:
+        raise ValueError(f"bad duration {value!r}: must be positive")
+    return Duration(seconds, str(value).strip())
+
+
+# --- value validators: each takes the raw value and returns the typed one ---------------
+
+def _str(v):
+    if isinstance(v, (dict, list)) or v is None:
+        raise ValueError(f"expected a string, got {v!r}")
+    return str(v)
+
+
+def _opt_str(v):
+    return None if v is None else _str(v)
+
+
+def _int(v):
+    if isinstance(v, bool):
+        raise ValueError(f"expected an integer, got {v!r}")
+    try:
+        return int(str(v))
+    except ValueError:
+        raise ValueError(f"expected an integer, got {v!r}") from None
+
+
+def _pos_int(v):
+    n = _int(v)
+    if n <= 0:
+        raise ValueError(f"expected a positive integer, got {v!r}")
+    return n
+
+
+def _port(v):
+    n = _int(v)
+    if not 0 < n < 65536:
+        raise ValueError(f"expected a TCP port 1-65535, got {v!r}")
+    return n
+
+
+def _bool(v):
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("true", "yes", "1", "on"):
+        return True
+    if s in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {v!r}")
+
+
+def _rate(v):
+    try:
+        r = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a rate between 0 and 1, got {v!r}") from None
+    if not 0 <= r <= 1:
+        raise ValueError(f"expected a rate between 0 and 1, got {v!r}")
+    return r
+
+
+def _timestamp(v):
+    try:
+        ts = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected an ISO-8601 timestamp, got {v!r}") from None
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def _one_of(*choices):
+    def check(v):
+        s = _str(v)
+        if s not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {v!r}")
+        return s
+    return check
+
+
+def _existing_file(v):
+    p = _resolve(_str(v), REPO_ROOT)
+    if not p.is_file():
+        raise ValueError(f"file not found: {p}")
+    return p
+
+
+def _resolve(path: str, base: Path) -> Path:
+    p = Path(os.path.expanduser(path))
+    return (p if p.is_absolute() else base / p).resolve()
+
+
+Validator = Callable[[Any], Any]
+SCHEMA: dict[str, dict[str, Any]] = {
+    "spark": {"master": _str, "app_name": _str, "driver_memory": _str,
+              "shuffle_partitions": _pos_int, "log_level": _str, "ui_enabled": _bool},
+    "paths": {"lakehouse_root": _str, "checkpoint_root": _opt_str,
+              "landing": _opt_str, "reference": _opt_str},
+    "kafka": {"bootstrap_servers": _str, "port": _port, "controller_port": _port,
+              "data_dir": _str, "broker_heap": _str, "start_timeout": parse_duration,
+              "connect_timeout": parse_duration, "topic_partitions": _pos_int,
+              "topics": {"events": _str, "stats": _str},
+              "source": {"starting_offsets": _str, "max_offsets_per_trigger": _pos_int,
+                         "fail_on_data_loss": _bool}},
+    "streaming": {"trigger": _one_of("available-now", "processing-time"),
+                  "trigger_interval": parse_duration},
+    "bronze": {"source": _one_of("files", "kafka"), "max_files_per_trigger": _pos_int,
+               "latest_first": _bool},
+    "silver": {"dedup_watermark": parse_duration, "min_event_time": _timestamp,
+               "max_future": parse_duration, "expectations": _existing_file},
+    "gold": {"watermark": parse_duration, "sightings_window": parse_duration,
+             "activity_window": parse_duration, "activity_slide": parse_duration,
+             "session_gap": parse_duration, "stats_to_kafka": _bool,
+             "expectations": _existing_file},
+    "generator": {"devices": _pos_int, "unknown_devices": _int, "cameras_per_record_max": _pos_int,
+                  "span": parse_duration, "start": _timestamp, "files": _pos_int,
+                  "duplicate_rate": _rate, "late_rate": _rate, "max_lateness": parse_duration,
+                  "malformed_rate": _rate, "unknown_device_rate": _rate},
+}
+
+
+class Section:
+    """Read-only attribute view over one validated section of the config."""
+
+    def __init__(self, values: dict[str, Any]):
+        self.__dict__.update(values)
+
+    def __repr__(self) -> str:
+        return f"Section({self.__dict__!r})"
+
+
+class Config:
+    def __init__(self, values: dict[str, Any], source: Path):
+        self.source = source
+        for name, value in values.items():
+            setattr(self, name, _sectionize(value))
+        root = _resolve(values["paths"]["lakehouse_root"], Path.cwd())
+        p = values["paths"]
+        self.root = root
+        self.checkpoint_root = _resolve(p["checkpoint_root"], Path.cwd()) if p["checkpoint_root"] else root / "_checkpoints"
+        self.landing = _resolve(p["landing"], Path.cwd()) if p["landing"] else root / "landing" / "nest"
+        self.reference = _resolve(p["reference"], Path.cwd()) if p["reference"] else root / "reference"
+        self.kafka_data_dir = _resolve(values["kafka"]["data_dir"], Path.cwd())
+
+    # One rule for every table: $root/<layer>/<table>, registered as <layer>.<table>.
+    def table_path(self, layer: str, table: str) -> str:
+        _check_table(layer, table)
+        return str(self.root / layer / table)
+
+    @staticmethod
+    def table_name(layer: str, table: str) -> str:
+        _check_table(layer, table)
+        return f"{layer}.{table}"
+
+    def checkpoint(self, query: str) -> str:
+        return str(self.checkpoint_root / query)
+
+    @property
+    def locations_csv(self) -> Path:
+        return self.reference / "device_locations.csv"
+
+
+def _check_table(layer: str, table: str) -> None:
+    if table not in TABLES.get(layer, ()):
+        raise KeyError(f"unknown table {layer}.{table}; known: "
+                       + ", ".join(f"{l}.{t}" for l, ts in TABLES.items() for t in ts))
+
+
+def _sectionize(value):
+    if isinstance(value, dict):
+        return Section({k: _sectionize(v) for k, v in value.items()})
+    return value
+
+
+def _validate(raw: Any, schema: dict, where: str, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - set(schema))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{prefix}{unknown[0]}' "
+                          f"(known under '{prefix.rstrip('.') or '<top>'}': {', '.join(sorted(schema))})")
+    out = {}
+    for key, rule in schema.items():
+        full = prefix + key
+        if key not in raw:
+            raise ConfigError(f"{where}: missing key '{full}'")
+        if isinstance(rule, dict):
+            out[key] = _validate(raw[key], rule, where, full + ".")
+        else:
+            try:
+                out[key] = rule(raw[key])
+            except ValueError as e:
+                raise ConfigError(f"{where}: key '{full}': {e}") from None
+    return out
+
+
+def _apply_env(raw: dict, env: dict[str, str]) -> dict[str, str]:
+    """Write environment overrides into raw; return key -> variable name, for error messages."""
+    origin: dict[str, str] = {}
+    pairs = [(var, key) for var, key in ENV_ALIASES.items() if env.get(var, "") != ""]
+    pairs += [(var, var[len(ENV_PREFIX):].lower().replace("__", "."))
+              for var in env if var.startswith(ENV_PREFIX)]
+    for var, key in pairs:
+        *parents, leaf = key.split(".")
+        node, schema = raw, SCHEMA
+        for part in parents:
+            if not isinstance(schema.get(part), dict):
+                raise ConfigError(f"environment variable {var}: unknown key '{key}'")
+            schema = schema[part]
+            node = node.setdefault(part, {})
+        if leaf not in schema or isinstance(schema[leaf], dict):
+            raise ConfigError(f"environment variable {var}: unknown key '{key}'")
+        node[leaf] = env[var]
+        origin[key] = var
+    return origin
+
+
+def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Config:
+    """Load conf/lakehouse.yaml (or LAKEHOUSE_CONF, or path), apply env overrides, validate."""
+    env = dict(os.environ if env is None else env)
+    conf_path = Path(path or env.get("LAKEHOUSE_CONF") or DEFAULT_CONF).resolve()
+    if not conf_path.is_file():
+        raise ConfigError(f"config file not found: {conf_path}")
+    try:
+        raw = yaml.safe_load(conf_path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{conf_path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{conf_path}: top level must be a mapping")
+    origin = _apply_env(raw, env)
+    try:
+        values = _validate(raw, SCHEMA, str(conf_path))
+    except ConfigError as e:
+        # Name the variable too when the bad value came from the environment.
+        for key, var in origin.items():
+            if f"'{key}'" in str(e):
+                raise ConfigError(f"{e} (value from environment variable {var})") from None
+        raise
+    return Config(values, conf_path)

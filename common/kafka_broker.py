@@ -1,0 +1,236 @@
+"""A single-node KRaft Apache Kafka broker, run from the jars Maven fetched at setup.
+
+`python -m common.kafka_broker up|down|status` backs `make kafka-up/-down/-status`; tests use
+`Broker` directly on free ports. The broker listens on 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.config import ConfigError, load_config
+from common.jars import kafka_broker_classpath
+
+LOG4J2 = """\
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = FILE
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+"""
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for_kafka(bootstrap: str, timeout: float) -> None:
+    """Return once a broker at bootstrap answers a metadata request; raise after timeout."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000})
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+            return
+        except KafkaException as e:
+            last = e
+            time.sleep(0.2)
+    raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:g}s ({last})")
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, compacted: bool = False,
+                 timeout: float = 30.0) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic in admin.list_topics(timeout=timeout).topics:
+        return
+    config = {"cleanup.policy": "compact"} if compacted else {}
+    futures = admin.create_topics([NewTopic(topic, partitions, 1, config=config)])
+    try:
+        futures[topic].result(timeout)
+    except Exception as e:  # a concurrent creator may have won the race
+        if "TOPIC_ALREADY_EXISTS" not in str(e):
+            raise
+
+
+@dataclass
+class Broker:
+    data_dir: Path
+    port: int
+    controller_port: int
+    heap: str = "512m"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def _write_config(self) -> Path:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        props = self.data_dir / "server.properties"
+        props.write_text("\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.data_dir / 'data'}",
+            "num.partitions=1",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            # A local broker: keep the log cleaner snappy so compaction is observable.
+            "log.cleaner.backoff.ms=1000",
+            "",
+        ]))
+        (self.data_dir / "log4j2.properties").write_text(LOG4J2.format(log=self.data_dir / "server.log"))
+        return props
+
+    def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        return ["java", f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                f"-Dkafka.logs.dir={self.data_dir}",
+                "-cp", kafka_broker_classpath(), main, *args]
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            os.kill(pid, 0)
+            return pid
+        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+            return None
+
+    def start(self, timeout: float = 60.0) -> None:
+        if self.pid():
+            wait_for_kafka(self.bootstrap, timeout)
+            return
+        for p in (self.port, self.controller_port):
+            if _port_open(p):
+                raise BrokerError(f"port {p} on 127.0.0.1 is already in use by another process; "
+                                  "set kafka.port / KAFKA_PORT to a free one")
+        props = self._write_config()
+        if not (self.data_dir / "data" / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                            "-c", str(props), "--ignore-formatted"),
+                                 capture_output=True, text=True)
+            if fmt.returncode != 0:
+                raise BrokerError(f"formatting the KRaft log dir failed:\n{fmt.stdout}{fmt.stderr}")
+        with open(self.log_file, "ab") as log:
+            proc = subprocess.Popen(self._java("kafka.Kafka", str(props), heap=self.heap),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.pid_file.write_text(str(proc.pid))
+        deadline = time.monotonic() + timeout
+        while not _port_open(self.port):
+            if proc.poll() is not None:
+                raise BrokerError(f"the broker exited with code {proc.returncode}; see {self.log_file}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BrokerError(f"the broker did not listen on {self.bootstrap} within {timeout:g}s; "
+                                  f"see {self.log_file}")
+            time.sleep(0.2)
+        wait_for_kafka(self.bootstrap, max(1.0, deadline - time.monotonic()))
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)  # controlled shutdown: flushes logs, closes segments
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            try:  # reap it if it is our child (tests), so it doesn't linger as a zombie
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:
+                pass
+            time.sleep(0.2)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+
+def broker_from_config(cfg) -> Broker:
+    return Broker(data_dir=cfg.kafka_data_dir, port=cfg.kafka.port,
+                  controller_port=cfg.kafka.controller_port, heap=cfg.kafka.broker_heap)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kafka_broker", description="Run the local single-node KRaft Kafka broker (127.0.0.1).")
+    parser.add_argument("action", choices=["up", "down", "status"])
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config()
+        broker = broker_from_config(cfg)
+        if args.action == "up":
+            broker.start(cfg.kafka.start_timeout.seconds)
+            for topic, compacted in ((cfg.kafka.topics.events, False), (cfg.kafka.topics.stats, True)):
+                ensure_topic(broker.bootstrap, topic, cfg.kafka.topic_partitions, compacted)
+            print(f"kafka up at {broker.bootstrap} (pid {broker.pid()}, data in {broker.data_dir})")
+        elif args.action == "down":
+            print("kafka stopped" if broker.stop() else "kafka was not running")
+        else:
+            pid = broker.pid()
+            if pid is None:
+                print(f"kafka down (no broker process for {broker.data_dir})")
+                return 1
+            wait_for_kafka(broker.bootstrap, 5)
+            print(f"kafka up at {broker.bootstrap} (pid {pid})")
+    except (ConfigError, BrokerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The one place a SparkSession is built: Delta, RocksDB state, UTC, jars from the Maven cache."""
+from __future__ import annotations
+
+import os
+import sys
+
+from common.catalog import register_tables
+from common.config import Config
+from common.jars import spark_extra_jars
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def spark_conf(cfg: Config) -> dict[str, str]:
+    """Spark settings shared by Python sessions and the spark-sql shell."""
+    return {
+        "spark.jars": ",".join(spark_extra_jars()),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(cfg.root / "_warehouse"),
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        # Changelog checkpointing uploads only the changed keys per batch instead of a snapshot.
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(cfg.spark.shuffle_partitions),
+        "spark.default.parallelism": str(cfg.spark.shuffle_partitions),
+        "spark.driver.memory": cfg.spark.driver_memory,
+        "spark.ui.enabled": str(cfg.spark.ui_enabled).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        # Small local tables: Delta's default of 50 partitions for its log state is overkill.
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    }
+
+
+def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] | None = None):
+    # The Python workers (pandas UDFs, applyInPandasWithState) must use this interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(cfg.spark.master).appName(app_name or cfg.spark.app_name)
+    for key, value in {**spark_conf(cfg), **(extra or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(cfg.spark.log_level)
+    register_tables(spark, cfg)
+    return spark

@@ -1,0 +1,61 @@
+"""Shared fixtures: one real SparkSession with Delta for the run, per-test lakehouse roots,
+and a real single-node Kafka broker on free ports for tests marked `kafka`."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.config import TABLES, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def session_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("lakehouse-session")
+
+
+@pytest.fixture(scope="session")
+def spark(session_root):
+    from common.spark import build_spark
+
+    cfg = load_config(env=dict(os.environ, LAKEHOUSE_ROOT=str(session_root)))
+    # Tests run small batches: two shuffle partitions keep stateful queries quick on 2 cores.
+    session = build_spark(cfg, "lakehouse-tests", {"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def env(tmp_path) -> dict[str, str]:
+    """Environment for a test's own lakehouse under tmp_path (also for subprocess jobs)."""
+    e = dict(os.environ)
+    e.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), KAFKA_DATA_DIR=str(tmp_path / "kafka"))
+    for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER"):
+        e.pop(var, None)
+    return e
+
+
+@pytest.fixture
+def cfg(env, spark):
+    config = load_config(env=env)
+    yield config
+    # Names are per process; forget this test's tables so the next test's root is used.
+    for layer, tables in TABLES.items():
+        for table in tables:
+            spark.sql(f"DROP TABLE IF EXISTS {layer}.{table}")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real KRaft broker from the Maven jars, on free ports, for this test session."""
+    from common.kafka_broker import Broker, free_port
+
+    broker = Broker(tmp_path_factory.mktemp("kafka"), free_port(), free_port())
+    broker.start(timeout=90)
+    yield broker
+    broker.stop()
+    shutil.rmtree(broker.data_dir, ignore_errors=True)
