@@ -60,3 +60,9 @@ clean-lakehouse: ## Delete the lakehouse (tables, checkpoints, landing) under LA
 
 clean: kafka-down ## Remove venv, jar cache, broker data and the default lakehouse
 	rm -rf $(VENV) $(CACHE) .kafka lakehouse .pytest_cache
+
+generate: setup ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) + device_locations
+	$(PY) -m bronze.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST))
+
+run-bronze: setup ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
+	$(PY) -m bronze.job

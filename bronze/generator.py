@@ -1,0 +1,335 @@
+"""Synthetic Nest camera feed for bronze: JSON lines into landing files or a Kafka topic.
+
+The output is a pure function of (seed, arguments): no wall clock reaches the data or the
+file names, so a run can be repeated byte for byte and tests can assert exact counts.
+Defects (duplicates, late events, malformed lines, unknown devices) are injected at the
+configured rates and counted in a manifest that downstream accounting is checked against.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from random import Random
+from time import gmtime, strftime
+from typing import NamedTuple
+
+from common.config import ConfigError, load_config, parse_duration
+
+# very_long comes first so that any run with at least one malformed line has exactly one.
+MALFORMED_KINDS = ("very_long", "truncated", "bad_type_person", "bad_type_time",
+                   "missing_device_id", "empty_line", "non_utf8")
+VERY_LONG_BYTES = 2 * 1024 * 1024
+# Kafka's default 1 MB message limit would reject the very long line.
+KAFKA_MAX_MESSAGE = 8 * 1024 * 1024
+# Real tuples so per-zip aggregates look plausible; 02108 keeps a leading zero on purpose,
+# which breaks any reader that infers zip_code as a number.
+LOCATIONS = (("94105", "San Francisco", "CA"), ("10001", "New York", "NY"),
+             ("60601", "Chicago", "IL"), ("98101", "Seattle", "WA"), ("78701", "Austin", "TX"),
+             ("02108", "Boston", "MA"), ("80202", "Denver", "CO"), ("30303", "Atlanta", "GA"),
+             ("97205", "Portland", "OR"), ("33131", "Miami", "FL"))
+ROOMS = ("Front Door", "Backyard", "Garage", "Driveway", "Living Room", "Nursery", "Porch", "Side Gate")
+_BOOL = ("false", "true")
+
+
+class Record(NamedTuple):
+    value: bytes        # one line without its "\n"; also the Kafka message value
+    key: bytes | None   # Kafka key: first camera's device id (None for malformed lines)
+    kind: str           # "valid", "late", "duplicate" or one of MALFORMED_KINDS
+
+
+@dataclass(frozen=True)
+class Params:
+    devices: int
+    unknown_devices: int
+    cameras_per_record_max: int
+    start_ms: int
+    span_s: float
+    max_lateness_s: float
+    duplicate_rate: float
+    late_rate: float
+    malformed_rate: float
+    unknown_device_rate: float
+
+    @classmethod
+    def from_config(cls, g) -> Params:
+        return cls(g.devices, max(0, g.unknown_devices), g.cameras_per_record_max,
+                   round(g.start.timestamp() * 1000), g.span.seconds, g.max_lateness.seconds,
+                   g.duplicate_rate, g.late_rate, g.malformed_rate, g.unknown_device_rate)
+
+
+@dataclass
+class Batch:
+    records: list[Record]
+    counts: dict[str, int]            # valid, duplicates, late, malformed, unknown_device, events
+    malformed_kinds: dict[str, int]
+
+
+class SinkError(RuntimeError):
+    """The output could not be delivered."""
+
+
+def known_ids(n: int) -> list[str]:
+    return [f"cam-{i:04d}" for i in range(1, n + 1)]
+
+
+def unknown_ids(n: int) -> list[str]:
+    return [f"cam-x{i:03d}" for i in range(1, n + 1)]
+
+
+@lru_cache(maxsize=1 << 16)
+def _second_text(sec: int) -> str:
+    return strftime("%Y-%m-%dT%H:%M:%S", gmtime(sec))
+
+
+def _iso(ms: int) -> str:
+    # strftime per event dominates the run time; events arrive in order, so the cache hits.
+    sec, milli = divmod(ms, 1000)
+    return f"{_second_text(sec)}.{milli:03d}Z"
+
+
+def _camera(prefix: str, rng: Random, t_ms: int) -> str:
+    person = rng.random() < 0.3
+    motion = person or rng.random() < 0.6
+    return (f'{prefix}{_BOOL[rng.random() < 0.95]},"last_event":{{"has_sound":{_BOOL[rng.random() < 0.25]},'
+            f'"has_motion":{_BOOL[motion]},"has_person":{_BOOL[person]},"start_time":"{_iso(t_ms)}",'
+            f'"end_time":"{_iso(t_ms + rng.randint(5, 120) * 1000)}"}}}}')
+
+
+def _record(cameras: list[str], rng: Random) -> str:
+    return ('{"devices":{"cameras":{' + ",".join(cameras) + '}},"metadata":{"access_token":"c.'
+            + f'{rng.getrandbits(160):040x}","client_version":1}}}}')
+
+
+def _malformed(kind: str, base: str, t_ms: int, rng: Random) -> bytes:
+    if kind == "very_long":
+        return b'{"devices":{"cameras":{"cam-0001":{"device_id":"cam-0001","name":"' + b"x" * VERY_LONG_BYTES
+    if kind == "truncated":  # any proper prefix of a JSON object is invalid JSON
+        return base[:rng.randint(10, len(base) - 1)].encode()
+    if kind == "bad_type_person":
+        return re.sub(r'"has_person":\w+', '"has_person":"maybe"', base).encode()
+    if kind == "bad_type_time":
+        return re.sub(r'"start_time":"[^"]*"', f'"start_time":{t_ms // 1000}', base).encode()
+    if kind == "missing_device_id":
+        return re.sub(r'"device_id":"[^"]*",', "", base).encode()
+    if kind == "empty_line":
+        return b""
+    return b"\xff\xfe garbage " + base[:40].encode()
+
+
+def generate(n_events: int, p: Params, seed: int) -> Batch:
+    """Build every output line in memory, in stream order, with its defect counts."""
+    if n_events <= 0:
+        raise ValueError(f"n_events must be positive, got {n_events}")
+    rng = Random(seed)
+    known, unknown = known_ids(p.devices), unknown_ids(p.unknown_devices)
+    prefix = {d: f'"{d}":{{"device_id":"{d}","name":"{ROOMS[i % len(ROOMS)]} {i + 1}","is_online":'
+              for ids in (known, unknown) for i, d in enumerate(ids)}
+    unknown_rate = p.unknown_device_rate if unknown else 0.0
+    # Cap cameras per record by the distinct devices that can be drawn, or the draw never ends.
+    pool = (len(known) if unknown_rate < 1 else 0) + (len(unknown) if unknown_rate > 0 else 0)
+    k_max = min(p.cameras_per_record_max, pool)
+    step_ms = p.span_s * 1000 / n_events
+    lateness = (min(60.0, p.max_lateness_s), p.max_lateness_s)
+    records: list[Record] = []
+    pending: list[tuple[int, int, Record]] = []   # duplicates waiting for their slot
+    counts = dict.fromkeys(("valid", "duplicates", "late", "malformed", "unknown_device"), 0)
+    kinds = dict.fromkeys(MALFORMED_KINDS, 0)
+    j = 0
+    while j < n_events:
+        k = min(rng.randint(1, k_max), n_events - j)
+        shift = int(rng.uniform(*lateness) * 1000) if rng.random() < p.late_rate else 0
+        ids: list[str] = []
+        cameras: list[str] = []
+        while len(ids) < k:
+            is_unknown = rng.random() < unknown_rate
+            d = rng.choice(unknown) if is_unknown else rng.choice(known)
+            if d in ids:
+                continue
+            ids.append(d)
+            counts["unknown_device"] += is_unknown
+            # Each event owns a slot of the span, so event time advances along the stream.
+            t = p.start_ms + int((j + rng.random()) * step_ms) - shift
+            cameras.append(_camera(prefix[d], rng, t))
+            j += 1
+        rec = Record(_record(cameras, rng).encode(), ids[0].encode(), "late" if shift else "valid")
+        records.append(rec)
+        counts["valid"] += 1
+        counts["late"] += bool(shift)
+        if rng.random() < p.duplicate_rate:
+            heapq.heappush(pending, (len(records) + rng.randint(1, 50), counts["duplicates"],
+                                     rec._replace(kind="duplicate")))
+            counts["duplicates"] += 1
+        if rng.random() < p.malformed_rate:
+            m = counts["malformed"]
+            kind = MALFORMED_KINDS[0] if m == 0 else MALFORMED_KINDS[1 + (m - 1) % (len(MALFORMED_KINDS) - 1)]
+            base = _record([_camera(prefix[rng.choice(known)], rng, t)], rng)
+            records.append(Record(_malformed(kind, base, t, rng), None, kind))
+            counts["malformed"] += 1
+            kinds[kind] += 1
+        while pending and pending[0][0] <= len(records):
+            records.append(heapq.heappop(pending)[2])
+    records.extend(rec for _, _, rec in sorted(pending))
+    counts["events"] = n_events
+    return Batch(records, counts, kinds)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # The leading dot hides the partial file from Spark's file source until the rename.
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_files(records: list[Record], landing: Path, seed: int, n_files: int) -> list[Path]:
+    """Split the stream into contiguous JSON-lines files named by seed and index."""
+    landing.mkdir(parents=True, exist_ok=True)
+    n_files = max(1, min(n_files, len(records)))
+    size, extra = divmod(len(records), n_files)
+    paths, pos = [], 0
+    for i in range(n_files):
+        chunk = records[pos:pos + size + (i < extra)]
+        pos += len(chunk)
+        # Only "\n" ends a line: the data holds no "\r", which Spark's text source would also split on.
+        path = landing / f"part-{seed}-{i:04d}.jsonl"
+        _atomic_write(path, b"".join(r.value + b"\n" for r in chunk))
+        paths.append(path)
+    return paths
+
+
+def write_locations(path: Path, devices: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = ["device_id,zip_code,city,state"]
+    rows += [",".join((d, *LOCATIONS[i % len(LOCATIONS)])) for i, d in enumerate(known_ids(devices))]
+    _atomic_write(path, ("\n".join(rows) + "\n").encode())
+
+
+def send_kafka(records: list[Record], kafka) -> str:
+    """Send one message per record; return the topic. Raises SinkError on any failure."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    servers, topic, timeout = kafka.bootstrap_servers, kafka.topics.events, kafka.connect_timeout.seconds
+    # Errors are reported once, by us; librdkafka would otherwise log every reconnect attempt.
+    base = {"bootstrap.servers": servers, "log_level": 0}
+    admin = AdminClient(base)
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as e:
+        raise SinkError(f"Kafka broker at {servers} not reachable within {timeout:g}s ({e.args[0].str()})") from None
+    if topic not in existing:
+        new = NewTopic(topic, num_partitions=kafka.topic_partitions, replication_factor=1,
+                       config={"max.message.bytes": str(KAFKA_MAX_MESSAGE)})
+        try:
+            admin.create_topics([new], request_timeout=timeout)[topic].result()
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise SinkError(f"cannot create topic {topic} at {servers}: {e.args[0].str()}") from None
+    # lz4 keeps the very long line small on the wire even if the topic kept the 1 MB default.
+    producer = Producer({**base, "compression.type": "lz4", "linger.ms": 20,
+                         "message.max.bytes": KAFKA_MAX_MESSAGE,
+                         "message.timeout.ms": int(max(30.0, 3 * timeout) * 1000)})
+    errors: list = []
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            errors.append(err)
+
+    for r in records:
+        while True:
+            try:
+                producer.produce(topic, value=r.value, key=r.key, on_delivery=on_delivery)
+                break
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                producer.poll(0.5)
+        producer.poll(0)
+    undelivered = producer.flush()   # bounded by message.timeout.ms
+    if errors or undelivered:
+        first = f": {errors[0].str()}" if errors else ""
+        raise SinkError(f"{len(errors) + undelivered} of {len(records)} messages not delivered "
+                        f"to {topic} at {servers}{first}")
+    return topic
+
+
+def _arg(convert, what):
+    def check(text):
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    return check
+
+
+def _checked(kind, ok, what):
+    def convert(text):
+        v = kind(text)
+        if not ok(v):
+            raise ValueError(text)
+        return v
+    return _arg(convert, what)
+
+
+def _parser() -> argparse.ArgumentParser:
+    pos = _checked(int, lambda v: v > 0, "a positive integer")
+    rate = _checked(float, lambda v: 0 <= v <= 1, "a rate between 0 and 1")
+    ap = argparse.ArgumentParser(prog="python -m bronze.generator", description=__doc__.split("\n")[0])
+    ap.add_argument("-n", "--events", type=pos, default=1000, help="camera events to generate (default 1000)")
+    ap.add_argument("--seed", type=_checked(int, lambda v: v >= 0, "a non-negative integer"), default=7,
+                    help="random seed; same seed and arguments give identical output (default 7)")
+    ap.add_argument("--sink", choices=("files", "kafka"), default="files",
+                    help="landing JSON-lines files, or messages to kafka.topics.events (default files)")
+    ap.add_argument("--manifest", type=Path, help="write counts of what was generated to this JSON file")
+    ap.add_argument("--devices", type=pos, help="known devices (default: generator.devices)")
+    ap.add_argument("--files", type=pos, help="landing files per run (default: generator.files)")
+    for name in ("duplicate", "late", "malformed", "unknown-device"):
+        ap.add_argument(f"--{name}-rate", type=rate, help=f"default: generator.{name.replace('-', '_')}_rate")
+    ap.add_argument("--span", type=_arg(parse_duration, "a duration like '6 hours'"),
+                    help="event-time span, e.g. '6 hours' (default: generator.span)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config()
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    overrides = {"devices": args.devices, "duplicate_rate": args.duplicate_rate, "late_rate": args.late_rate,
+                 "malformed_rate": args.malformed_rate, "unknown_device_rate": args.unknown_device_rate,
+                 "span_s": args.span.seconds if args.span else None}
+    params = replace(Params.from_config(cfg.generator), **{k: v for k, v in overrides.items() if v is not None})
+    batch = generate(args.events, params, args.seed)
+    write_locations(cfg.locations_csv, params.devices)
+    files: list[Path] = []
+    topic = None
+    try:
+        if args.sink == "kafka":
+            topic = send_kafka(batch.records, cfg.kafka)
+        else:
+            files = write_files(batch.records, cfg.landing, args.seed, args.files or cfg.generator.files)
+    except SinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    manifest = {"records": len(batch.records), **batch.counts, "malformed_kinds": batch.malformed_kinds,
+                "seed": args.seed, "sink": args.sink, "files": [str(f) for f in files], "topic": topic,
+                "locations": str(cfg.locations_csv)}
+    if args.manifest:
+        args.manifest.parent.mkdir(parents=True, exist_ok=True)
+        args.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    where = f"topic {topic} at {cfg.kafka.bootstrap_servers}" if topic else f"{len(files)} files in {cfg.landing}"
+    c = batch.counts
+    print(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
+          f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} late) to {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Table schemas that more than one layer reads or writes."""
+from pyspark.sql.types import (DateType, IntegerType, LongType, StringType, StructField,
+                               StructType, TimestampType)
+
+# bronze.events: the raw record untouched, plus where it came from and when it arrived.
+BRONZE_EVENTS = StructType([
+    StructField("raw", StringType(), True),             # bytes as they arrived (not validated as UTF-8)
+    StructField("source", StringType(), False),         # 'file' | 'kafka'
+    StructField("file_path", StringType(), True),
+    StructField("line_number", LongType(), True),       # 1-based, within file_path
+    StructField("file_modification_time", TimestampType(), True),
+    StructField("kafka_topic", StringType(), True),
+    StructField("kafka_partition", IntegerType(), True),
+    StructField("kafka_offset", LongType(), True),
+    StructField("kafka_timestamp", TimestampType(), True),
+    StructField("kafka_key", StringType(), True),
+    StructField("ingest_time", TimestampType(), False),
+    StructField("ingest_date", DateType(), False),
+])
+BRONZE_PARTITION = ["ingest_date"]
+
+# ops.batch_accounting: one row per micro-batch per layer. Record and event units are kept
+# apart because a bronze record can hold several camera events.
+BATCH_ACCOUNTING = StructType([
+    StructField("layer", StringType(), False),
+    StructField("query", StringType(), False),
+    StructField("batch_id", LongType(), False),
+    StructField("recorded_at", TimestampType(), False),
+    StructField("records_in", LongType(), True),
+    StructField("records_parsed", LongType(), True),
+    StructField("records_quarantined_unparsed", LongType(), True),
+    StructField("events_parsed", LongType(), True),
+    StructField("events_written", LongType(), True),
+    StructField("events_quarantined", LongType(), True),
+    StructField("duplicates_dropped", LongType(), True),
+    StructField("late_dropped", LongType(), True),
+    StructField("rows_in", LongType(), True),
+    StructField("rows_written", LongType(), True),
+])
+
+DQ_RESULTS = StructType([
+    StructField("query", StringType(), False),
+    StructField("batch_id", LongType(), False),
+    StructField("table_name", StringType(), False),
+    StructField("suite", StringType(), False),
+    StructField("expectation", StringType(), False),
+    StructField("expectation_type", StringType(), False),
+    StructField("policy", StringType(), False),
+    StructField("success", StringType(), False),
+    StructField("element_count", LongType(), True),
+    StructField("unexpected_count", LongType(), True),
+    StructField("observed_value", StringType(), True),
+    StructField("evaluated_at", TimestampType(), False),
+])

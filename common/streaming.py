@@ -1,0 +1,95 @@
+"""Wiring shared by the three jobs: triggers, graceful stop on SIGINT/SIGTERM, job errors."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+
+from common.config import Config
+
+log = logging.getLogger("lakehouse")
+
+
+class JobError(RuntimeError):
+    """A problem the user can fix (missing input, unreachable broker...): printed, exit code 2."""
+
+
+def trigger(cfg: Config) -> dict:
+    if cfg.streaming.trigger == "available-now":
+        return {"availableNow": True}
+    return {"processingTime": cfg.streaming.trigger_interval.spark()}
+
+
+def add_trigger_args(parser, cfg_default_help: str = "") -> None:
+    parser.add_argument("--trigger", choices=["available-now", "processing-time"],
+                        help="available-now (default: from conf/env TRIGGER) processes what is there "
+                             "and stops; processing-time runs until SIGINT/SIGTERM")
+    parser.add_argument("--interval", help="trigger interval for processing-time, e.g. '10 seconds'")
+
+
+def apply_trigger_args(args, env: dict) -> dict:
+    env = dict(env)
+    if getattr(args, "trigger", None):
+        env["TRIGGER"] = args.trigger
+    if getattr(args, "interval", None):
+        env["TRIGGER_INTERVAL"] = args.interval
+    return env
+
+
+class GracefulStop:
+    """On SIGINT/SIGTERM, let the running micro-batch finish, then stop the queries."""
+
+    def __init__(self):
+        self.requested = threading.Event()
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame):
+        if self.requested.is_set():  # a second signal: stop now, the checkpoint keeps us safe
+            raise KeyboardInterrupt
+        log.warning("signal %s: stopping after the current micro-batch", signal.Signals(signum).name)
+        self.requested.set()
+
+
+def await_queries(queries, stop: GracefulStop, on_tick=None, poll: float = 0.5) -> None:
+    """Wait for every query to finish; on a stop request, stop each between micro-batches.
+
+    on_tick(query) runs on the driver thread after each wait, e.g. to record batch progress.
+    Re-raises the first query failure (StreamingQueryException) after stopping the others.
+    """
+    try:
+        while any(q.isActive for q in queries):
+            for q in queries:
+                if q.isActive:
+                    q.awaitTermination(poll / len(queries))
+                if on_tick:
+                    on_tick(q)
+            if stop.requested.is_set():
+                for q in queries:
+                    _stop_between_batches(q)
+        for q in queries:
+            q.awaitTermination()  # raises if the query failed
+            if on_tick:
+                on_tick(q)
+    except BaseException:
+        for q in queries:
+            if q.isActive:
+                q.stop()
+        raise
+
+
+def _stop_between_batches(query, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if query.isActive:
+        query.stop()
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code

@@ -1,0 +1,201 @@
+"""The synthetic Nest feed: deterministic bytes, exact accounting, and defects at their rates."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from bronze import generator as gen
+from common.config import load_config
+
+ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+EVENT_KEYS = {"has_sound", "has_motion", "has_person", "start_time", "end_time"}
+RATES = dict(duplicate_rate=0.05, late_rate=0.05, malformed_rate=0.03, unknown_device_rate=0.05)
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    """A lakehouse under tmp_path; main() reads the same environment through load_config()."""
+    for var in list(os.environ):
+        if var.startswith("LAKEHOUSE__") or var in ("LAKEHOUSE_CONF", "LANDING", "REFERENCE_DIR",
+                                                     "KAFKA_BOOTSTRAP", "CHECKPOINT_ROOT"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("LAKEHOUSE_ROOT", str(tmp_path))
+    return load_config(env=dict(os.environ))
+
+
+@pytest.fixture
+def params(cfg):
+    return replace(gen.Params.from_config(cfg.generator), **RATES)
+
+
+def run(tmp_path, *args: str) -> dict:
+    manifest = tmp_path / "manifest.json"
+    assert gen.main([*args, "--manifest", str(manifest)]) == 0
+    return json.loads(manifest.read_text())
+
+
+def lines_in(paths) -> list[bytes]:
+    return [line for p in paths for line in open(p, "rb").read().split(b"\n")[:-1]]
+
+
+def test_same_seed_gives_identical_bytes_and_another_seed_differs(params):
+    a, b, c = (gen.generate(2000, params, seed) for seed in (11, 11, 12))
+    assert [r.value for r in a.records] == [r.value for r in b.records]
+    assert a.counts == b.counts
+    assert [r.value for r in a.records] != [r.value for r in c.records]
+
+
+def test_files_match_the_manifest(tmp_path, cfg):
+    rates = [f"--{k.replace('_', '-')}={v}" for k, v in RATES.items()]
+    m = run(tmp_path, "-n", "3000", "--seed", "3", "--files", "4", *rates)
+    first = [open(p, "rb").read() for p in m["files"]]
+    assert [os.path.basename(p) for p in m["files"]] == [f"part-3-{i:04d}.jsonl" for i in range(4)]
+    assert sum(data.count(b"\n") for data in first) == m["records"]
+    assert all(data.endswith(b"\n") for data in first)
+    assert m["records"] == m["valid"] + m["duplicates"] + m["malformed"]
+    assert m["events"] == 3000 and m["sink"] == "files" and m["topic"] is None and m["seed"] == 3
+    assert sum(m["malformed_kinds"].values()) == m["malformed"]
+
+    # Same seed rewrites the same names byte for byte; a new seed adds files beside them.
+    assert run(tmp_path, "-n", "3000", "--seed", "3", "--files", "4", *rates)["files"] == m["files"]
+    assert [open(p, "rb").read() for p in m["files"]] == first
+    other = run(tmp_path, "-n", "3000", "--seed", "4", "--files", "4", *rates)
+    assert set(other["files"]).isdisjoint(m["files"])
+    names = sorted(os.listdir(cfg.landing))
+    assert len(names) == 8 and not [n for n in names if n.startswith(".") or n.endswith(".tmp")]
+
+
+def test_defects_at_roughly_their_rates(params):
+    batch = gen.generate(20000, params, 5)
+    c, values = batch.counts, [r.value for r in batch.records]
+    assert len(values) == c["valid"] + c["duplicates"] + c["malformed"]
+    assert sum(r.kind in ("valid", "late") for r in batch.records) == c["valid"]
+    for count, rate in ((c["duplicates"], RATES["duplicate_rate"]), (c["late"], RATES["late_rate"]),
+                        (c["malformed"], RATES["malformed_rate"])):
+        assert 0.6 * rate * c["valid"] < count < 1.4 * rate * c["valid"]
+    assert 0.6 * 0.05 * c["events"] < c["unknown_device"] < 1.4 * 0.05 * c["events"]
+
+    # A duplicate re-sends an earlier line exactly and arrives a little after it.
+    for i, r in enumerate(batch.records):
+        if r.kind == "duplicate":
+            original = values.index(r.value)
+            assert original < i <= original + 120 and batch.records[original].kind in ("valid", "late")
+
+
+def test_every_malformed_kind_is_present_and_unusable(params):
+    batch = gen.generate(20000, params, 5)
+    malformed = [r for r in batch.records if r.kind in gen.MALFORMED_KINDS]
+    assert {r.kind for r in malformed} == set(gen.MALFORMED_KINDS)
+    assert batch.malformed_kinds["very_long"] == 1
+    assert all(r.key is None for r in malformed)
+    for r in malformed:
+        if r.kind == "very_long":
+            assert len(r.value) >= 2 * 1024 * 1024
+        if r.kind == "empty_line":
+            assert r.value == b""
+        elif r.kind == "non_utf8":
+            with pytest.raises(UnicodeDecodeError):
+                r.value.decode("utf-8")
+        elif r.kind in ("very_long", "truncated"):
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(r.value)
+        else:  # valid JSON, wrong content
+            cam = next(iter(json.loads(r.value)["devices"]["cameras"].values()))
+            assert ("device_id" not in cam or cam["last_event"]["has_person"] == "maybe"
+                    or isinstance(cam["last_event"]["start_time"], int))
+    assert not any(b"\r" in r.value or b"\n" in r.value for r in batch.records)
+
+
+def test_valid_records_have_the_nest_shape(params):
+    batch = gen.generate(5000, params, 9)
+    start = datetime.fromtimestamp(params.start_ms / 1000, timezone.utc)
+    events = unknown = 0
+    latest, late_seen = start - timedelta(days=1), 0
+    for r in batch.records:
+        if r.kind not in ("valid", "late"):
+            continue
+        # Compact, canonical JSON: re-serialising gives back the very same bytes.
+        doc = json.loads(r.value)
+        assert json.dumps(doc, separators=(",", ":")).encode() == r.value
+        assert set(doc) == {"devices", "metadata"} and set(doc["devices"]) == {"cameras"}
+        assert doc["metadata"]["client_version"] == 1 and doc["metadata"]["access_token"].startswith("c.")
+        cams = doc["devices"]["cameras"]
+        assert 1 <= len(cams) <= params.cameras_per_record_max and r.key == next(iter(cams)).encode()
+        for device_id, cam in cams.items():
+            assert set(cam) == {"device_id", "name", "is_online", "last_event"}
+            assert cam["device_id"] == device_id and re.fullmatch(r"cam-(\d{4}|x\d{3})", device_id)
+            assert isinstance(cam["name"], str) and isinstance(cam["is_online"], bool)
+            ev = cam["last_event"]
+            assert set(ev) == EVENT_KEYS
+            assert all(isinstance(ev[k], bool) for k in ("has_sound", "has_motion", "has_person"))
+            assert ISO_Z.match(ev["start_time"]) and ISO_Z.match(ev["end_time"])
+            t0, t1 = (datetime.fromisoformat(ev[k].replace("Z", "+00:00")) for k in ("start_time", "end_time"))
+            assert 5 <= (t1 - t0).total_seconds() <= 120
+            assert t0 < start + timedelta(seconds=params.span_s)
+            events += 1
+            unknown += device_id.startswith("cam-x")
+        first = datetime.fromisoformat(next(iter(cams.values()))["last_event"]["start_time"].replace("Z", "+00:00"))
+        if r.kind == "late":  # out of order: behind what the stream has already shown
+            assert latest - timedelta(seconds=params.max_lateness_s) <= first < latest
+            late_seen += 1
+        else:  # on-time records move forward
+            assert first > latest
+            latest = first
+    assert (events, unknown, late_seen) == (5000, batch.counts["unknown_device"], batch.counts["late"])
+
+
+def test_locations_list_only_known_devices(tmp_path, cfg):
+    m = run(tmp_path, "-n", "2000", "--devices", "12", "--unknown-device-rate", "0.2")
+    with open(cfg.locations_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["device_id", "zip_code", "city", "state"]
+    assert [r["device_id"] for r in rows] == [f"cam-{i:04d}" for i in range(1, 13)]
+    assert all(re.fullmatch(r"\d{5}", r["zip_code"]) and r["city"] and len(r["state"]) == 2 for r in rows)
+    seen = set(re.findall(rb'"device_id":"(cam-[^"]+)"', b"\n".join(lines_in(m["files"]))))
+    assert m["unknown_device"] > 0 and {d for d in seen if d.startswith(b"cam-x")}
+    assert not {r["device_id"].encode() for r in rows} & {d for d in seen if d.startswith(b"cam-x")}
+
+
+def test_bad_arguments_and_config_fail_with_status_2(cfg, monkeypatch, capsys):
+    for bad in (["-n", "0"], ["--late-rate", "1.5"], ["--span", "soon"], ["--sink", "s3"]):
+        with pytest.raises(SystemExit) as e:
+            gen.main(bad)
+        assert e.value.code == 2
+    monkeypatch.setenv("LAKEHOUSE__GENERATOR__DUPLICATE_RATE", "2")
+    assert gen.main(["-n", "10"]) == 2
+    assert "generator.duplicate_rate" in capsys.readouterr().err
+
+
+def test_unreachable_kafka_fails_fast_naming_the_servers(cfg, monkeypatch, capsys):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setenv("LAKEHOUSE__KAFKA__CONNECT_TIMEOUT", "1 second")
+    assert gen.main(["-n", "10", "--sink", "kafka"]) == 1
+    assert "127.0.0.1:1" in capsys.readouterr().err
+
+
+@pytest.mark.kafka
+def test_kafka_sink_sends_one_message_per_record(tmp_path, cfg, monkeypatch, kafka_broker):
+    from confluent_kafka import Consumer
+
+    broker = kafka_broker
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", broker.bootstrap)
+    monkeypatch.setenv("LAKEHOUSE__KAFKA__TOPICS__EVENTS", "generator-test")
+    m = run(tmp_path, "-n", "1500", "--sink", "kafka", "--malformed-rate", "0.02")
+    assert m["topic"] == "generator-test" and m["files"] == []
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "generator-test",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe(["generator-test"])
+    values = []
+    while len(values) < m["records"]:
+        batch = consumer.consume(1000, timeout=10)
+        assert batch, f"only {len(values)} of {m['records']} messages arrived"
+        values += [msg.value() for msg in batch if msg.error() is None]
+    consumer.close()
+    assert len(values) == m["records"]
+    assert b"" in values and max(map(len, values)) >= 2 * 1024 * 1024
