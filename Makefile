@@ -66,3 +66,9 @@ generate: setup ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) +
 
 run-bronze: setup ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
 	$(PY) -m bronze.job
+
+seed-locations: setup ## Load device_locations.csv (from `make generate`) into silver.device_locations
+	$(PY) -m silver.locations
+
+run-silver: setup ## bronze.events -> silver.camera_events + silver.quarantine (TRIGGER=...)
+	$(PY) -m silver.job

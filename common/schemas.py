@@ -1,5 +1,5 @@
 """Table schemas that more than one layer reads or writes."""
-from pyspark.sql.types import (DateType, IntegerType, LongType, StringType, StructField,
+from pyspark.sql.types import (BooleanType, DateType, IntegerType, LongType, StringType, StructField,
                                StructType, TimestampType)
 
 # bronze.events: the raw record untouched, plus where it came from and when it arrived.
@@ -46,7 +46,7 @@ DQ_RESULTS = StructType([
     StructField("expectation", StringType(), False),
     StructField("expectation_type", StringType(), False),
     StructField("policy", StringType(), False),
-    StructField("success", StringType(), False),
+    StructField("success", BooleanType(), False),
     StructField("element_count", LongType(), True),
     StructField("unexpected_count", LongType(), True),
     StructField("observed_value", StringType(), True),

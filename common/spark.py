@@ -30,6 +30,8 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # Small local tables: Delta's default of 50 partitions for its log state is overkill.
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.adaptive.enabled": "true",
+        # Batch accounting reads per-batch progress; keep enough of it between polls.
+        "spark.sql.streaming.numRecentProgressUpdates": "1000",
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }

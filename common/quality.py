@@ -1,0 +1,214 @@
+"""Quality gate between layers: Great Expectations 1.x suites declared in conf/expectations.
+
+Each expectation has a policy:
+  warn       -> the result is recorded in ops.dq_results, rows pass;
+  quarantine -> failing rows are returned so the caller can quarantine them (reason dq:<name>);
+  fail       -> DataQualityError: the micro-batch is not committed, the query stops, and the
+                same batch is replayed from the checkpoint once the data or the rule is fixed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+# GX would otherwise try to send usage analytics: jobs must not touch the network.
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+
+POLICIES = ("warn", "quarantine", "fail")
+SAMPLE_ROWS = 5
+
+
+class SuiteError(ValueError):
+    """A suite file is malformed; the message names the file and the entry."""
+
+
+class DataQualityError(RuntimeError):
+    """An expectation with policy `fail` did not pass."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    expectation: str       # snake_case GX expectation type
+    kwargs: dict
+    policy: str
+
+    def gx(self):
+        import great_expectations as gx
+
+        cls = getattr(gx.expectations, _camel(self.expectation))
+        return cls(**self.kwargs)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    table: str
+    rules: tuple[Rule, ...]
+    row_id: str | None = None
+    source: str = ""
+
+
+@dataclass
+class Outcome:
+    rule: Rule
+    success: bool
+    element_count: int | None
+    unexpected_count: int | None
+    observed_value: str | None
+    unexpected_ids: list = field(default_factory=list)
+    sample: list = field(default_factory=list)
+
+
+def _camel(snake: str) -> str:
+    return "".join(part.capitalize() for part in snake.split("_"))
+
+
+def _parse_rules(entries, where: str, row_id: str | None) -> tuple[Rule, ...]:
+    import great_expectations as gx
+
+    if not isinstance(entries, list) or not entries:
+        raise SuiteError(f"{where}: expected a non-empty list of expectations")
+    rules, names = [], set()
+    for i, e in enumerate(entries):
+        at = f"{where}[{i}]"
+        if not isinstance(e, dict):
+            raise SuiteError(f"{at}: expected a mapping")
+        unknown = set(e) - {"name", "expectation", "kwargs", "policy"}
+        if unknown:
+            raise SuiteError(f"{at}: unknown key(s) {sorted(unknown)}")
+        for key in ("name", "expectation", "policy"):
+            if not e.get(key):
+                raise SuiteError(f"{at}: missing '{key}'")
+        if e["name"] in names:
+            raise SuiteError(f"{at}: duplicate name '{e['name']}'")
+        names.add(e["name"])
+        if e["policy"] not in POLICIES:
+            raise SuiteError(f"{at} ({e['name']}): policy must be one of {', '.join(POLICIES)}, "
+                             f"got {e['policy']!r}")
+        if e["policy"] == "quarantine" and not row_id:
+            raise SuiteError(f"{at} ({e['name']}): policy 'quarantine' needs the suite's 'row_id'")
+        if not hasattr(gx.expectations, _camel(e["expectation"])):
+            raise SuiteError(f"{at} ({e['name']}): unknown Great Expectations expectation "
+                             f"'{e['expectation']}'")
+        rule = Rule(e["name"], e["expectation"], dict(e.get("kwargs") or {}), e["policy"])
+        try:
+            rule.gx()
+        except Exception as err:  # pydantic validation of the kwargs
+            raise SuiteError(f"{at} ({e['name']}): bad kwargs for {e['expectation']}: {err}") from None
+        rules.append(rule)
+    return tuple(rules)
+
+
+def load_suites(path: str | Path) -> dict[str, Suite]:
+    """Read a suite file: either one table (`table:` + `expectations:`) or several (`tables:`)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SuiteError(f"{path}: cannot read suite: {e}") from None
+    if not isinstance(raw, dict) or "suite" not in raw:
+        raise SuiteError(f"{path}: expected a mapping with a 'suite' name")
+    unknown = set(raw) - {"suite", "table", "row_id", "expectations", "tables"}
+    if unknown:
+        raise SuiteError(f"{path}: unknown key(s) {sorted(unknown)}")
+    row_id = raw.get("row_id")
+    if "tables" in raw:
+        tables = raw["tables"]
+        if not isinstance(tables, dict):
+            raise SuiteError(f"{path}: 'tables' must map table names to expectation lists")
+    elif "table" in raw:
+        tables = {raw["table"]: raw.get("expectations")}
+    else:
+        raise SuiteError(f"{path}: needs 'table' + 'expectations' or 'tables'")
+    return {t: Suite(raw["suite"], t, _parse_rules(rules, f"{path}: {t}", row_id), row_id, str(path))
+            for t, rules in tables.items()}
+
+
+class QualityGate:
+    """Validates DataFrames against a suite with one ephemeral GX context per job."""
+
+    def __init__(self, suite: Suite):
+        import great_expectations as gx
+
+        self.suite = suite
+        self._context = gx.get_context(mode="ephemeral")
+        try:
+            self._context.variables.progress_bars = {"globally": False, "metric_calculations": False}
+        except Exception:  # cosmetic only
+            pass
+        # persist=False: GX would cache every batch DataFrame and never unpersist it; the
+        # caller caches the batch once and releases it after all checks.
+        source = self._context.data_sources.add_spark(name=f"lakehouse_{suite.table}", persist=False)
+        self._batches = source.add_dataframe_asset(name="batch").add_batch_definition_whole_dataframe("all")
+        self._gx_suite = gx.ExpectationSuite(name=f"{suite.name}:{suite.table}")
+        for rule in suite.rules:
+            self._gx_suite.add_expectation(rule.gx())
+
+    def validate(self, df) -> list[Outcome]:
+        result_format = {"result_format": "COMPLETE", "partial_unexpected_count": SAMPLE_ROWS}
+        if self.suite.row_id:
+            result_format["unexpected_index_column_names"] = [self.suite.row_id]
+        batch = self._batches.get_batch(batch_parameters={"dataframe": df})
+        result = batch.validate(self._gx_suite, result_format=result_format)
+        by_type_kwargs = {}
+        for r in result.results:
+            cfg = r.expectation_config
+            by_type_kwargs.setdefault(cfg.type, []).append(r)
+        outcomes = []
+        for rule in self.suite.rules:
+            r = _match(by_type_kwargs.get(rule.expectation, []), rule)
+            res = r.result or {}
+            if r.exception_info and r.exception_info.get("raised_exception"):
+                raise DataQualityError(f"expectation '{rule.name}' ({rule.expectation}) could not be "
+                                       f"evaluated: {r.exception_info.get('exception_message')}")
+            ids = [d.get(self.suite.row_id) for d in res.get("unexpected_index_list") or []
+                   if isinstance(d, dict)] if self.suite.row_id else []
+            outcomes.append(Outcome(
+                rule=rule, success=bool(r.success),
+                element_count=res.get("element_count"),
+                unexpected_count=res.get("unexpected_count"),
+                observed_value=None if res.get("observed_value") is None
+                else json.dumps(res.get("observed_value"), default=str),
+                unexpected_ids=ids,
+                sample=(res.get("unexpected_index_list") or res.get("partial_unexpected_list") or [])[:SAMPLE_ROWS],
+            ))
+        return outcomes
+
+
+def _match(results, rule: Rule):
+    for r in results:
+        kwargs = r.expectation_config.kwargs
+        if all(kwargs.get(k) == v for k, v in rule.kwargs.items()):
+            return r
+    raise DataQualityError(f"no GX result for expectation '{rule.name}'")
+
+
+def failures(outcomes: list[Outcome]) -> list[Outcome]:
+    return [o for o in outcomes if o.rule.policy == "fail" and not o.success]
+
+
+def raise_on_failures(outcomes: list[Outcome], query: str, batch_id: int, table: str) -> None:
+    failed = failures(outcomes)
+    if failed:
+        lines = [f"quality gate failed: query '{query}', batch {batch_id}, table {table}"]
+        for o in failed:
+            lines.append(f"  expectation '{o.rule.name}' ({o.rule.expectation} {o.rule.kwargs}): "
+                         f"{o.unexpected_count} of {o.element_count} rows unexpected; "
+                         f"sample: {json.dumps(o.sample, default=str)}")
+        lines.append("  the batch was not committed; fix the data or the rule in the suite, then "
+                     "restart the job: it resumes from this batch.")
+        raise DataQualityError("\n".join(lines))
+
+
+def dq_rows(outcomes: list[Outcome], query: str, batch_id: int, table: str, suite: str):
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc)
+    return [(query, batch_id, table, suite, o.rule.name, o.rule.expectation, o.rule.policy,
+             o.success, o.element_count, o.unexpected_count, o.observed_value, now)
+            for o in outcomes]

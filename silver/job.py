@@ -1,0 +1,205 @@
+"""Silver job: bronze.events -> silver.camera_events + silver.quarantine, with a quality gate.
+
+    python -m silver.job [--trigger available-now|processing-time] [--interval '10 seconds']
+
+Per micro-batch: parse and flatten the Nest JSON, drop duplicate events within the watermark,
+join device locations (re-read every batch, so edits apply without a restart), run the
+Great Expectations suite from conf/, then write silver, quarantine, ops.dq_results and
+ops.batch_accounting idempotently (a replayed batch writes nothing twice).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import functions as F
+
+from common import accounting
+from common.config import ConfigError, load_config
+from common.delta import OPS_LOCK, ensure_table, idempotent_append, merge_upsert
+from common.quality import (DataQualityError, QualityGate, SuiteError, dq_rows, load_suites,
+                            raise_on_failures)
+from common.schemas import BRONZE_EVENTS, DQ_RESULTS
+from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
+                              await_queries, fail, trigger)
+from silver import transform as T
+from silver.locations import ensure_seeded
+
+QUERY = "silver"
+METRICS = "silver_input"
+DQ_KEYS = ["query", "batch_id", "table_name", "expectation"]
+
+
+def output_schemas(spark):
+    """Table schemas, derived by running the transforms on an empty bronze batch."""
+    empty = spark.createDataFrame([], BRONZE_EVENTS)
+    parsed = T.parse_events(empty, T.datetime(2000, 1, 1), 0)
+    locations = spark.createDataFrame([], "device_id STRING, zip_code STRING, city STRING, state STRING")
+    return (T.to_silver(T.join_locations(T.accepted(parsed), locations), 0).schema,
+            T.to_quarantine(T.rejected(parsed), 0).schema)
+
+
+def ensure_tables(spark, cfg) -> None:
+    silver_schema, quarantine_schema = output_schemas(spark)
+    ensure_table(spark, cfg, "silver", "camera_events", silver_schema, ["event_date"])
+    ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema)
+    ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
+    accounting.ensure_accounting(spark, cfg)
+    ensure_seeded(spark, cfg)
+
+
+def checkpoint_query_id(checkpoint: str) -> str:
+    """The id Spark keeps in the checkpoint: stable across restarts, new if the checkpoint is
+    deleted. Keying Delta's txnAppId on it means a fresh checkpoint never collides with the
+    batch versions an old one already wrote."""
+    return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
+
+
+def write_dq_results(spark, cfg, outcomes, batch_id, table, suite):
+    rows = spark.createDataFrame(dq_rows(outcomes, QUERY, batch_id, table, suite), DQ_RESULTS)
+    with OPS_LOCK:
+        merge_upsert(spark, cfg.table_path("ops", "dq_results"), rows, DQ_KEYS)
+
+
+class SilverBatch:
+    """The foreachBatch body. Holds the GX context so it is built once per job, not per batch."""
+
+    def __init__(self, spark, cfg, suite):
+        self.spark, self.cfg, self.suite = spark, cfg, suite
+        self.gate = QualityGate(suite)
+        self.paths = {t: cfg.table_path("silver", t) for t in ("camera_events", "quarantine",
+                                                               "device_locations")}
+
+    def __call__(self, batch, batch_id: int) -> None:
+        spark, cfg = self.spark, self.cfg
+        app_id = f"{QUERY}-{checkpoint_query_id(cfg.checkpoint(QUERY))}"
+        batch.persist()
+        candidates = None
+        try:
+            locations = spark.read.format("delta").load(self.paths["device_locations"])
+            joined = T.join_locations(T.accepted(batch), locations)
+            candidates = T.to_silver(joined, batch_id).persist()
+            n_candidates = candidates.count()
+
+            if n_candidates:
+                outcomes = self.gate.validate(candidates)
+            else:  # an empty batch still gets a row per expectation, without asking GX
+                outcomes = [_vacuous(rule) for rule in self.suite.rules]
+            write_dq_results(spark, cfg, outcomes, batch_id, self.suite.table, self.suite.name)
+            raise_on_failures(outcomes, QUERY, batch_id, self.suite.table)
+
+            dq_reasons = _dq_reasons(spark, outcomes)
+            good = candidates.join(dq_reasons, "event_id", "left_anti")
+            dq_bad = (joined.join(dq_reasons, "event_id")
+                      .withColumn("reasons", F.col("dq_reasons")))
+            quarantine = T.to_quarantine(T.rejected(batch), batch_id).unionByName(
+                T.to_quarantine(dq_bad, batch_id))
+
+            idempotent_append(good, self.paths["camera_events"], f"{app_id}-events", batch_id)
+            idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id)
+
+            n_dq = dq_bad.count()
+            n_event_rejects = T.rejected(batch).where("parsed").count()
+            accounting.record(spark, cfg, "silver", QUERY, batch_id,
+                              events_written=n_candidates - n_dq,
+                              events_quarantined=n_event_rejects + n_dq,
+                              rows_written=n_candidates - n_dq)
+        finally:
+            if candidates is not None:
+                candidates.unpersist()
+            batch.unpersist()
+
+
+def _vacuous(rule):
+    from common.quality import Outcome
+
+    return Outcome(rule, True, 0, 0, None)
+
+
+def _dq_reasons(spark, outcomes):
+    pairs = [(eid, f"dq:{o.rule.name}") for o in outcomes if o.rule.policy == "quarantine"
+             for eid in o.unexpected_ids if eid is not None]
+    df = spark.createDataFrame(pairs, "event_id STRING, reason STRING")
+    return df.groupBy("event_id").agg(F.sort_array(F.collect_set("reason")).alias("dq_reasons"))
+
+
+def progress_counts(progress: dict) -> dict:
+    seen = (progress.get("observedMetrics") or {}).get(METRICS) or {}
+    if hasattr(seen, "asDict"):  # PySpark hands observed metrics over as a Row
+        seen = seen.asDict()
+    counts = {k: int(seen.get(k) or 0)
+              for k in ("records_parsed", "records_quarantined_unparsed", "events_parsed")}
+    counts["records_in"] = counts["records_parsed"] + counts["records_quarantined_unparsed"]
+    counts["rows_in"] = int(progress.get("numInputRows") or 0)
+    return {**counts, **accounting.state_drops(progress)}
+
+
+def start(spark, cfg, suite=None):
+    bronze_path = cfg.table_path("bronze", "events")
+    if not (Path(bronze_path) / "_delta_log").is_dir():
+        raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
+    suite = suite or load_suites(cfg.silver.expectations)["silver.camera_events"]
+    ensure_tables(spark, cfg)
+    bronze = spark.readStream.format("delta").load(bronze_path)
+    parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds)
+    observed = parsed.observe(METRICS, *T.input_metrics(parsed))
+    deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark())
+    return (deduped.writeStream.queryName(QUERY)
+            .foreachBatch(SilverBatch(spark, cfg, suite))
+            .option("checkpointLocation", cfg.checkpoint(QUERY))
+            .trigger(**trigger(cfg))
+            .start())
+
+
+def recorder(spark, cfg):
+    return accounting.ProgressRecorder(spark, cfg, "silver", progress_counts)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="silver.job", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_trigger_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(env=apply_trigger_args(args, os.environ))
+        suite = load_suites(cfg.silver.expectations)["silver.camera_events"]
+    except (ConfigError, SuiteError) as e:
+        return fail(str(e))
+    except KeyError:
+        return fail(f"{cfg.silver.expectations}: no suite for table silver.camera_events")
+    stop = GracefulStop()
+    stop.install()
+    from common.spark import build_spark
+
+    spark = build_spark(cfg, "silver")
+    try:
+        query = start(spark, cfg, suite)
+        print(f"silver: bronze.events -> silver.camera_events ({cfg.streaming.trigger})", flush=True)
+        await_queries([query], stop, on_tick=recorder(spark, cfg))
+        n = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
+        print(f"silver: done; silver.camera_events holds {n} rows", flush=True)
+    except JobError as e:
+        return fail(str(e))
+    except Exception as e:  # a failed query: print the cause (e.g. the quality gate), not a trace
+        if os.environ.get("LAKEHOUSE_DEBUG"):
+            raise
+        return fail(_cause(e), 1)
+    finally:
+        spark.stop()
+    return 0
+
+
+def _cause(e: Exception) -> str:
+    text = str(e)
+    marker = "quality gate failed"
+    if marker in text:
+        body = text[text.index(marker):]
+        return body.split("\n\tat ")[0].split("JVM stacktrace")[0].rstrip()
+    return text.split("\n\tat ")[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Silver transforms: bronze rows -> camera events or quarantine candidates. Pure DataFrame
+functions; the streaming job and the batch tests call the very same ones.
+
+Leaves of the JSON schema are read as strings on purpose: Spark's JSON reader turns a value of
+the wrong type into NULL, which would make "has_person": "maybe" look like a missing field.
+Reading text and casting here lets every problem get its own reason code.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+CORRUPT = "_corrupt_record"
+BOOL_FIELDS = ("has_sound", "has_motion", "has_person")
+TIME_FIELDS = ("start_time", "end_time")
+
+_LAST_EVENT = StructType([StructField(f, StringType()) for f in (*BOOL_FIELDS, *TIME_FIELDS)])
+_CAMERA = StructType([
+    StructField("device_id", StringType()),
+    StructField("name", StringType()),
+    StructField("is_online", StringType()),
+    StructField("last_event", _LAST_EVENT),
+])
+NEST_SCHEMA = StructType([
+    StructField("devices", StructType([StructField("cameras", MapType(StringType(), _CAMERA))])),
+    StructField("metadata", StructType([StructField("access_token", StringType()),
+                                        StructField("client_version", StringType())])),
+    StructField(CORRUPT, StringType()),
+])
+
+# Lineage carried from bronze to silver and quarantine rows.
+LINEAGE = {
+    "source": "bronze_source", "file_path": "bronze_file_path", "line_number": "bronze_line_number",
+    "kafka_topic": "bronze_kafka_topic", "kafka_partition": "bronze_kafka_partition",
+    "kafka_offset": "bronze_kafka_offset", "ingest_time": "bronze_ingest_time",
+}
+LINEAGE_COLUMNS = list(LINEAGE.values())
+
+EVENT_COLUMNS = [
+    "event_id", "device_id", "name", "is_online", *BOOL_FIELDS, *TIME_FIELDS,
+    "duration_seconds", "event_time",
+]
+# What parse_events returns: one row per camera event, or one per unparsable record.
+PARSED_COLUMNS = ["raw", *LINEAGE_COLUMNS, "parsed", "camera_index", *EVENT_COLUMNS, "reasons"]
+
+
+def _lineage() -> list[Column]:
+    return [F.col(src).alias(dst) for src, dst in LINEAGE.items()]
+
+
+def _bool(text: Column) -> Column:
+    return F.when(F.lower(text) == "true", True).when(F.lower(text) == "false", False)
+
+
+def _timestamp(text: Column) -> Column:
+    # ISO-8601 with Z or offset; a bare number (epoch) or garbage gives NULL -> bad_timestamp.
+    return F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mm:ss[.SSS][.SS][.S]XXX"))
+
+
+def _reason(condition: Column, code: str) -> Column:
+    return F.when(condition, F.lit(code))
+
+
+def _reasons(*candidates: Column) -> Column:
+    return F.filter(F.array(*candidates), lambda c: c.isNotNull())
+
+
+def parse_records(bronze: DataFrame) -> DataFrame:
+    """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`."""
+    j = F.from_json("raw", NEST_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    df = bronze.select("raw", *_lineage(), j.alias("j"))
+    cameras = F.col("j.devices.cameras")
+    reasons = _reasons(
+        _reason(F.col("raw").isNull() | (F.trim("raw") == ""), "empty_record"),
+        _reason(F.col("j").isNull() & (F.trim("raw") != "") | F.col(f"j.{CORRUPT}").isNotNull(),
+                "malformed_json"),
+        _reason(F.col("j").isNotNull() & F.col(f"j.{CORRUPT}").isNull()
+                & (cameras.isNull() | (F.size(cameras) == 0)), "missing_cameras"),
+    )
+    return df.withColumn("reasons", reasons).withColumn("parsed", F.size("reasons") == 0)
+
+
+def explode_events(records: DataFrame, min_event_time: datetime, max_future_seconds: float) -> DataFrame:
+    """Parsed records -> one row per camera, flattened and typed, with event-level reasons."""
+    exploded = (records.where("parsed")
+                .select("raw", *LINEAGE_COLUMNS,
+                        F.posexplode("j.devices.cameras").alias("camera_index", "camera_key", "cam")))
+    le = F.col("cam.last_event")
+    typed = exploded.select(
+        "raw", *LINEAGE_COLUMNS, "camera_index",
+        F.col("cam.device_id").alias("device_id"),
+        F.col("cam.name").alias("name"),
+        _bool(F.col("cam.is_online")).alias("is_online"),
+        *[_bool(le[f]).alias(f) for f in BOOL_FIELDS],
+        *[_timestamp(le[f]).alias(f) for f in TIME_FIELDS],
+        *[le[f].alias(f"_{f}_text") for f in (*BOOL_FIELDS, *TIME_FIELDS)],
+        F.col("cam.last_event").isNull().alias("_no_last_event"),
+    )
+    earliest = F.lit(min_event_time)
+    latest = F.col("bronze_ingest_time") + F.make_dt_interval(secs=F.lit(max_future_seconds))
+    field_reasons = []
+    for f in (*BOOL_FIELDS, *TIME_FIELDS):
+        text = F.col(f"_{f}_text")
+        bad = "wrong_type" if f in BOOL_FIELDS else "bad_timestamp"
+        field_reasons += [_reason(~F.col("_no_last_event") & text.isNull(), f"missing_field:{f}"),
+                          _reason(text.isNotNull() & F.col(f).isNull(), f"{bad}:{f}")]
+    reasons = _reasons(
+        _reason(F.col("device_id").isNull() | (F.trim("device_id") == ""), "missing_field:device_id"),
+        _reason(F.col("_no_last_event"), "missing_field:last_event"),
+        *field_reasons,
+        _reason((F.col("start_time") < earliest) | (F.col("start_time") > latest),
+                "time_out_of_range:start_time"),
+    )
+    return (typed.withColumn("reasons", reasons)
+            .withColumn("event_id", _event_id())
+            .withColumn("duration_seconds",
+                        F.col("end_time").cast("double") - F.col("start_time").cast("double"))
+            .withColumn("event_time", F.col("start_time"))
+            .withColumn("parsed", F.lit(True))
+            .select(*PARSED_COLUMNS))
+
+
+def _event_id() -> Column:
+    """Stable identity of a camera event: the same device, start and end always hash the same,
+    whichever record, file or Kafka message carried it."""
+    fmt = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"
+    return F.sha2(F.concat_ws("|", F.col("device_id"), F.date_format("start_time", fmt),
+                              F.date_format("end_time", fmt)), 256)
+
+
+def unparsed_records(records: DataFrame) -> DataFrame:
+    """Records that did not parse, shaped like parse_events rows (no event fields)."""
+    nulls = {c: F.lit(None) for c in ("camera_index", *EVENT_COLUMNS)}
+    out = records.where(~F.col("parsed"))
+    for name, value in nulls.items():
+        out = out.withColumn(name, value)
+    return out.select(*PARSED_COLUMNS)
+
+
+def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds: float) -> DataFrame:
+    """bronze.events rows -> events (reasons empty) and rejects (reasons set), one DataFrame."""
+    records = parse_records(bronze)
+    events = explode_events(records, min_event_time, max_future_seconds)
+    return events.unionByName(unparsed_records(records).select(
+        *[F.col(c).cast(events.schema[c].dataType) for c in PARSED_COLUMNS]))
+
+
+def accepted(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.size("reasons") == 0)
+
+
+def rejected(parsed: DataFrame) -> DataFrame:
+    return parsed.where(F.size("reasons") > 0)
+
+
+def deduplicate(parsed: DataFrame, delay: str) -> DataFrame:
+    """Drop repeats of an event_id seen within `delay` of event time.
+
+    In a stream, RocksDB state carries the ids across micro-batches, and accepted events older
+    than the watermark are dropped (Spark counts them as numRowsDroppedByWatermark). Rejected
+    rows ride along untouched: their event_time is NULL (never late, never moves the
+    watermark) and their key is their own bronze position (never a duplicate), so one query
+    carries both and each batch's counts add up.
+    """
+    ok = F.size("reasons") == 0
+    reject_key = F.concat_ws("|", F.lit("reject"), "bronze_source", "bronze_file_path",
+                             "bronze_line_number", "bronze_kafka_topic", "bronze_kafka_partition",
+                             "bronze_kafka_offset", F.coalesce(F.col("camera_index"), F.lit(-1)))
+    keyed = (parsed.withColumn("event_time", F.when(ok, F.col("event_time")))
+             .withColumn("dedup_key", F.when(ok, F.col("event_id")).otherwise(reject_key)))
+    return (keyed.withWatermark("event_time", delay)
+            .dropDuplicatesWithinWatermark(["dedup_key"]).drop("dedup_key"))
+
+
+def input_metrics(parsed: DataFrame) -> list[Column]:
+    """Counts of a batch before dedup, in both units: each parsed record has exactly one row
+    with camera_index 0; each unparsed record is one row with parsed = false."""
+    return [F.count(F.when(F.col("camera_index") == 0, 1)).alias("records_parsed"),
+            F.count(F.when(~F.col("parsed"), 1)).alias("records_quarantined_unparsed"),
+            F.count(F.when(F.col("parsed"), 1)).alias("events_parsed")]
+
+
+def join_locations(events: DataFrame, locations: DataFrame) -> DataFrame:
+    """Attach zip/city/state; an unknown device is kept with NULL zip and unknown_device=true."""
+    loc = locations.select("device_id", "zip_code", "city", "state")
+    return (events.join(F.broadcast(loc), "device_id", "left")
+            .withColumn("unknown_device", F.col("zip_code").isNull()))
+
+
+def to_silver(events: DataFrame, batch_id: int) -> DataFrame:
+    return events.select(
+        "event_id", "device_id", "name", "is_online", *BOOL_FIELDS, *TIME_FIELDS, "duration_seconds",
+        "event_time", F.to_date("event_time").alias("event_date"),
+        "zip_code", "city", "state", "unknown_device", *LINEAGE_COLUMNS,
+        F.lit(batch_id).cast("long").alias("silver_batch_id"),
+    )
+
+
+def to_quarantine(rows: DataFrame, batch_id: int) -> DataFrame:
+    return rows.select(
+        "raw", "reasons", "event_id", "device_id", *LINEAGE_COLUMNS,
+        F.lit(batch_id).cast("long").alias("batch_id"),
+        F.current_timestamp().alias("quarantined_at"),
+    )

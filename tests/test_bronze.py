@@ -1,0 +1,371 @@
+"""Bronze: landing files and Kafka -> bronze.events, byte for byte and exactly once.
+
+Everything is real: the session Spark with Delta in-process, `python -m bronze.job` and `make` in
+subprocesses, and the session's KRaft broker for tests marked `kafka`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from bronze import generator as gen
+from bronze.job import start
+from common.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_EVENTS = Path(__file__).resolve().parents[2] / "shared/datasets/structured-streaming-events"
+JOB = [sys.executable, "-m", "bronze.job"]
+# `make run-bronze` depends on `setup`; its stamps may be missing even where setup was done,
+# and remaking setup from a test would pip-install and re-fetch (rm -rf) the shared jar cache
+# under every other running test. -o treats the stamps as up to date.
+MAKE = ["make", "--no-print-directory", "-o", ".venv/.installed", "-o", ".cache/jars/.fetched"]
+DELTA_VERSION = re.compile(r"^\d{20}\.json$")
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def bronze_path(cfg) -> str:
+    return cfg.table_path("bronze", "events")
+
+
+def bronze_rows(spark, cfg):
+    return spark.read.format("delta").load(bronze_path(cfg))
+
+
+def delta_version(spark, cfg) -> int:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, bronze_path(cfg)).history(1).collect()[0].version
+
+
+def assert_unique(df, *keys: str) -> None:
+    dupes = df.groupBy(*keys).count().where("count > 1")
+    examples = dupes.limit(5).collect()
+    assert not examples, f"duplicate {keys}: {examples}"
+
+
+def generate(monkeypatch, env: dict, tmp_path: Path, *args: str, **extra_env: str) -> dict:
+    """Run the generator's main in-process; it reads os.environ, so mirror `env` into it."""
+    for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "KAFKA_BOOTSTRAP"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in {"LAKEHOUSE_ROOT": env["LAKEHOUSE_ROOT"], **extra_env}.items():
+        monkeypatch.setenv(var, value)
+    manifest = tmp_path / f"manifest-{uuid.uuid4().hex[:8]}.json"
+    assert gen.main([*args, "--manifest", str(manifest)]) == 0
+    return json.loads(manifest.read_text())
+
+
+def kafka_env(env: dict, broker, **extra: str) -> dict:
+    # A topic per test: the broker lives for the whole session.
+    return {**env, "KAFKA_BOOTSTRAP": broker.bootstrap,
+            "LAKEHOUSE__KAFKA__TOPICS__EVENTS": f"bronze-{uuid.uuid4().hex[:10]}", **extra}
+
+
+def ingest(spark, cfg, source: str) -> None:
+    query = start(spark, cfg, source)
+    query.awaitTermination()  # raises if the query failed
+
+
+def file_lines(data: bytes) -> list[bytes]:
+    """A file's lines as bronze defines them: a final newline ends the last line."""
+    parts = data.split(b"\n")
+    return parts[:-1] if data.endswith(b"\n") else parts
+
+
+def local_path(uri: str) -> str:
+    return unquote(urlparse(uri).path)
+
+
+def assert_bronze_holds_files(spark, cfg, files) -> None:
+    """Every line of every file is one bronze row, numbered 1..n, with its exact bytes."""
+    rows = (bronze_rows(spark, cfg)
+            .selectExpr("file_path", "line_number", "CAST(raw AS BINARY) AS raw").collect())
+    got: dict[str, dict[int, bytes]] = defaultdict(dict)
+    for r in rows:
+        got[local_path(r.file_path)][r.line_number] = bytes(r.raw)
+    expected = {str(Path(f).resolve()): file_lines(Path(f).read_bytes()) for f in files}
+    assert set(got) == set(expected)
+    for path, lines in expected.items():
+        numbers = got[path]
+        assert sorted(numbers) == list(range(1, len(lines) + 1)), path
+        # Report line numbers, not a diff: one line is 2 MB.
+        differ = [n for n in numbers if numbers[n] != lines[n - 1]]
+        assert not differ, f"{path}: lines {differ[:10]} differ from the file's bytes"
+
+
+def run_job(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*JOB, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The job's own message; stderr also carries Spark's log output."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert lines, f"no 'error:' line in stderr:\n{proc.stderr[-3000:]}"
+    return lines[-1]
+
+
+def batch_ids(checkpoint: str, log: str) -> set[int]:
+    folder = Path(checkpoint) / log
+    return {int(p.name) for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else set()
+
+
+def delta_versions(path: str) -> int:
+    log = Path(path) / "_delta_log"
+    return sum(bool(DELTA_VERSION.match(p.name)) for p in log.iterdir()) if log.is_dir() else 0
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    """Start `python -m bronze.job` in its own process group; kill leftovers at teardown."""
+    started: list[subprocess.Popen] = []
+
+    def launch(env: dict, *args: str) -> subprocess.Popen:
+        log = open(tmp_path / f"job-{len(started)}.log", "wb")
+        # Its own group, so a kill can take the Spark JVM down with the Python driver.
+        proc = subprocess.Popen([*JOB, *args], cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc.log_path = Path(log.name)
+        log.close()
+        started.append(proc)
+        return proc
+
+    yield launch
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_until(proc: subprocess.Popen, condition, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"job exited ({proc.returncode}) before {what}:\n"
+                        f"{proc.log_path.read_text(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout:g}s:\n{proc.log_path.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.01)
+
+
+def mid_batch(checkpoint: str) -> bool:
+    """A batch has committed and a later one is planned but not committed."""
+    commits, offsets = batch_ids(checkpoint, "commits"), batch_ids(checkpoint, "offsets")
+    return bool(commits) and max(offsets) > max(commits)
+
+
+# --- files ---------------------------------------------------------------------------------
+
+def test_files_land_in_bronze_byte_for_byte_and_a_rerun_adds_nothing(spark, cfg, env, tmp_path,
+                                                                       monkeypatch):
+    m = generate(monkeypatch, env, tmp_path, "-n", "3000", "--seed", "5", "--malformed-rate", "0.03")
+    # The byte checks below only mean something if the awkward lines are really there.
+    assert m["malformed_kinds"]["non_utf8"] >= 1 and m["malformed_kinds"]["empty_line"] >= 1
+    assert m["malformed_kinds"]["very_long"] == 1
+    lines = [line for f in m["files"] for line in file_lines(Path(f).read_bytes())]
+    assert len(lines) == m["records"]
+    assert b"" in lines
+    assert any(not _is_utf8(line) for line in lines)
+
+    ingest(spark, cfg, "files")
+
+    df = bronze_rows(spark, cfg)
+    assert df.count() == m["records"]
+    assert_unique(df, "file_path", "line_number")
+    assert_bronze_holds_files(spark, cfg, m["files"])
+    lineage = df.selectExpr(
+        "count_if(source <> 'file') AS not_file",
+        "count_if(ingest_time IS NULL OR ingest_date IS NULL OR file_modification_time IS NULL) AS no_time",
+        "count_if(ingest_date <> to_date(ingest_time)) AS bad_date",
+        "count_if(kafka_topic IS NOT NULL OR kafka_offset IS NOT NULL) AS kafka_set").first()
+    assert lineage.asDict() == {"not_file": 0, "no_time": 0, "bad_date": 0, "kafka_set": 0}
+
+    version = delta_version(spark, cfg)
+    ingest(spark, cfg, "files")
+    assert bronze_rows(spark, cfg).count() == m["records"]
+    assert delta_version(spark, cfg) == version
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_shared_dataset_files_without_final_newline_keep_their_last_line(spark, cfg):
+    files = [SHARED_EVENTS / f"file-{i}.json" for i in range(5)]
+    assert all(not f.read_bytes().endswith(b"\n") for f in files)
+    cfg.landing.mkdir(parents=True)
+    copies = []
+    for f in files:
+        copies.append(cfg.landing / f.name)
+        shutil.copyfile(f, copies[-1])  # copyfile: the shared originals are read-only
+
+    ingest(spark, cfg, "files")
+
+    df = bronze_rows(spark, cfg)
+    assert df.count() == 10_000
+    assert_unique(df, "file_path", "line_number")
+    last = {local_path(r.file_path): bytes(r.raw) for r in
+            df.where("line_number = 2000").selectExpr("file_path", "CAST(raw AS BINARY) AS raw").collect()}
+    assert last == {str(c.resolve()): c.read_bytes().rsplit(b"\n", 1)[1] for c in copies}
+    assert_bronze_holds_files(spark, cfg, copies)
+
+
+# --- Kafka ---------------------------------------------------------------------------------
+
+@pytest.mark.kafka
+def test_kafka_lands_in_bronze_as_kafka_holds_it_and_a_rerun_adds_nothing(spark, cfg, env, tmp_path,
+                                                                           monkeypatch, kafka_broker):
+    kenv = kafka_env(env, kafka_broker)
+    kcfg = load_config(env=kenv)
+    topic = kcfg.kafka.topics.events
+    m = generate(monkeypatch, env, tmp_path, "-n", "3000", "--seed", "9", "--sink", "kafka",
+                 KAFKA_BOOTSTRAP=kenv["KAFKA_BOOTSTRAP"],
+                 LAKEHOUSE__KAFKA__TOPICS__EVENTS=topic)
+    assert m["topic"] == topic
+
+    ingest(spark, kcfg, "kafka")
+
+    df = bronze_rows(spark, kcfg)
+    assert df.count() == m["records"]
+    assert_unique(df, "kafka_topic", "kafka_partition", "kafka_offset")
+    assert df.where("source <> 'kafka' OR kafka_timestamp IS NULL OR ingest_time IS NULL "
+                    "OR ingest_date IS NULL OR file_path IS NOT NULL").count() == 0
+    bronze = {(r.kafka_topic, r.kafka_partition, r.kafka_offset): (bytes(r.raw), r.kafka_key)
+              for r in df.selectExpr("kafka_topic", "kafka_partition", "kafka_offset",
+                                     "CAST(raw AS BINARY) AS raw", "kafka_key").collect()}
+    held = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka_broker.bootstrap)
+            .option("subscribe", topic).option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest").load()
+            .selectExpr("topic", "partition", "offset", "value", "CAST(key AS STRING) AS key").collect())
+    assert bronze == {(r.topic, r.partition, r.offset): (bytes(r.value), r.key) for r in held}
+    # And Kafka holds what the generator meant to send, awkward bytes included.
+    sent = gen.generate(3000, gen.Params.from_config(kcfg.generator), 9).records
+    assert Counter(v for v, _ in bronze.values()) == Counter(r.value for r in sent)
+    assert any(not _is_utf8(v) for v, _ in bronze.values())
+
+    version = delta_version(spark, kcfg)
+    ingest(spark, kcfg, "kafka")
+    assert bronze_rows(spark, kcfg).count() == m["records"]
+    assert delta_version(spark, kcfg) == version
+
+
+# --- crashes and stops ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("source", ["files", pytest.param("kafka", marks=pytest.mark.kafka)])
+def test_kill_9_mid_run_then_restart_is_exactly_once(source, spark, cfg, env, tmp_path, monkeypatch,
+                                                      jobs, request):
+    if source == "files":
+        m = generate(monkeypatch, env, tmp_path, "-n", "4000", "--seed", "4", "--files", "20")
+        job_env = {**env, "LAKEHOUSE__BRONZE__MAX_FILES_PER_TRIGGER": "1"}
+        keys = ("file_path", "line_number")
+    else:
+        job_env = kafka_env(env, request.getfixturevalue("kafka_broker"),
+                            LAKEHOUSE__KAFKA__SOURCE__MAX_OFFSETS_PER_TRIGGER="100")
+        m = generate(monkeypatch, env, tmp_path, "-n", "4000", "--seed", "4", "--sink", "kafka",
+                     KAFKA_BOOTSTRAP=job_env["KAFKA_BOOTSTRAP"],
+                     LAKEHOUSE__KAFKA__TOPICS__EVENTS=job_env["LAKEHOUSE__KAFKA__TOPICS__EVENTS"])
+        keys = ("kafka_topic", "kafka_partition", "kafka_offset")
+    checkpoint = cfg.checkpoint(f"bronze_{source}")
+    table = bronze_path(cfg)
+
+    proc = jobs(job_env, "--source", source, "--trigger", "available-now")
+    wait_until(proc, lambda: mid_batch(checkpoint), "committed batch followed by one in flight")
+
+    # The sharpest moment is a batch already in Delta but not yet in the checkpoint's commit
+    # log: the restart replays it and only the Delta sink's (query id, batch id) stops a second
+    # copy. That window is short, so settle for any in-flight batch once a few have committed.
+    def kill_point() -> bool:
+        commits = batch_ids(checkpoint, "commits")
+        in_delta_only = delta_versions(table) - 1 > len(commits)  # version 0 is the CREATE
+        return in_delta_only or (len(commits) >= 4 and mid_batch(checkpoint))
+
+    wait_until(proc, kill_point, "kill point")
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+    rows_at_kill = bronze_rows(spark, cfg).count()
+    assert 0 < rows_at_kill < m["records"], "the kill did not land mid-run"
+    assert batch_ids(checkpoint, "offsets") != batch_ids(checkpoint, "commits")
+
+    done = run_job(job_env, "--source", source, "--trigger", "available-now")
+    (tmp_path / "restart.err").write_text(done.stderr)  # DEBUG
+    assert done.returncode == 0, done.stderr[-3000:]
+    df = bronze_rows(spark, cfg)
+    assert_unique(df, *keys)
+    assert df.count() == m["records"]
+    if source == "files":
+        assert_bronze_holds_files(spark, cfg, m["files"])
+
+
+def test_sigterm_finishes_the_running_batch_and_exits_0(spark, cfg, env, tmp_path, monkeypatch, jobs):
+    generate(monkeypatch, env, tmp_path, "-n", "4000", "--seed", "6", "--files", "20")
+    checkpoint = cfg.checkpoint("bronze_files")
+    proc = jobs({**env, "LAKEHOUSE__BRONZE__MAX_FILES_PER_TRIGGER": "1"},
+                "--trigger", "processing-time", "--interval", "1 second")
+    # Signal while a batch is under way: that batch must still commit before the exit.
+    wait_until(proc, lambda: mid_batch(checkpoint), "committed batch followed by one in flight")
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"no exit within 60 s of SIGTERM:\n{proc.log_path.read_text(errors='replace')[-3000:]}")
+    log = proc.log_path.read_text(errors="replace")
+    assert code == 0, log[-3000:]
+    assert "bronze: done" in log
+    assert batch_ids(checkpoint, "offsets") == batch_ids(checkpoint, "commits")
+    assert_unique(bronze_rows(spark, cfg), "file_path", "line_number")
+
+
+# --- errors --------------------------------------------------------------------------------
+
+def test_missing_landing_folder_exits_2_naming_it(env, tmp_path):
+    missing = tmp_path / "no-such-landing"
+    proc = run_job({**env, "LANDING": str(missing)}, "--source", "files", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert str(missing) in error_line(proc)
+
+
+def test_unreachable_broker_exits_2_naming_the_bootstrap(env):
+    from common.kafka_broker import free_port
+
+    bootstrap = f"127.0.0.1:{free_port()}"
+    proc = run_job({**env, "KAFKA_BOOTSTRAP": bootstrap, "LAKEHOUSE__KAFKA__CONNECT_TIMEOUT": "3 seconds"},
+                   "--source", "kafka", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert bootstrap in error_line(proc)
+
+
+# --- make ----------------------------------------------------------------------------------
+
+def test_make_generate_then_run_bronze_twice(spark, cfg, env, tmp_path):
+    manifest = tmp_path / "m.json"
+
+    def make(*args: str) -> None:
+        proc = subprocess.run([*MAKE, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, f"make {' '.join(args)}:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+
+    make("generate", "N=2000", "SEED=3", f"MANIFEST={manifest}")
+    records = json.loads(manifest.read_text())["records"]
+    make("run-bronze")
+    assert bronze_rows(spark, cfg).count() == records
+    version = delta_version(spark, cfg)
+    make("run-bronze")
+    assert bronze_rows(spark, cfg).count() == records
+    assert delta_version(spark, cfg) == version
