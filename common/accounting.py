@@ -1,45 +1,34 @@
-"""ops.batch_accounting: one row per micro-batch per layer, written in two halves.
+"""ops.batch_accounting: one row per micro-batch per layer.
 
-foreachBatch knows what it wrote (events written / quarantined, rows written); only the
-query's progress knows what Spark dropped before foreachBatch saw the rows (duplicates, rows
-behind the watermark) and what was observed upstream (records in). Both halves MERGE into the
-same (layer, query, batch_id) row, each setting only its own columns, so either may land first
-and a retried batch rewrites the same values.
+A row joins two views of the batch. foreachBatch knows what it wrote (events written or
+quarantined) and leaves those counts in `stash`; only the query's progress, available once the
+batch has committed, knows what Spark dropped before foreachBatch saw the rows (duplicates,
+rows behind the watermark) and what was observed upstream (records in). The driver thread
+writes the joined row as a Delta append keyed by (txnAppId, batch id), so it is written once.
+If the process dies between a batch's commit and its accounting row, the row is written on
+the next run from progress alone; foreachBatch's columns are then left NULL, never guessed.
 """
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime, timezone
-
-from delta.tables import DeltaTable
-from pyspark.sql import functions as F
+from pathlib import Path
 
 from common.config import Config
-from common.delta import OPS_LOCK, ensure_table
+from common.delta import ensure_table, idempotent_append
 from common.schemas import BATCH_ACCOUNTING
-
-KEYS = ("layer", "query", "batch_id")
 
 
 def ensure_accounting(spark, cfg: Config) -> str:
     return ensure_table(spark, cfg, "ops", "batch_accounting", BATCH_ACCOUNTING)
 
 
-def record(spark, cfg: Config, layer: str, query: str, batch_id: int, **counts) -> None:
-    unknown = set(counts) - set(BATCH_ACCOUNTING.fieldNames())
-    if unknown:
-        raise KeyError(f"unknown accounting columns {sorted(unknown)}")
-    row = {f: None for f in BATCH_ACCOUNTING.fieldNames()}
-    row.update(layer=layer, query=query, batch_id=batch_id,
-               recorded_at=datetime.now(timezone.utc), **counts)
-    df = spark.createDataFrame([tuple(row[f] for f in BATCH_ACCOUNTING.fieldNames())], BATCH_ACCOUNTING)
-    setters = {c: F.col(f"s.{c}") for c in ("recorded_at", *counts)}
-    with OPS_LOCK:
-        (DeltaTable.forPath(spark, cfg.table_path("ops", "batch_accounting")).alias("t")
-         .merge(df.alias("s"), " AND ".join(f"t.{k} = s.{k}" for k in KEYS))
-         .whenMatchedUpdate(set=setters)
-         .whenNotMatchedInsertAll()
-         .execute())
+def checkpoint_query_id(checkpoint: str) -> str:
+    """The id Spark keeps in the checkpoint: stable across restarts, new if the checkpoint is
+    deleted. Keying Delta's txnAppId on it means a fresh checkpoint never collides with the
+    batch versions an old one already wrote."""
+    return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
 
 
 def executed_batches(query) -> list[dict]:
@@ -57,17 +46,46 @@ def state_drops(progress: dict) -> dict[str, int]:
     return {"late_dropped": late, "duplicates_dropped": dups}
 
 
-class ProgressRecorder:
-    """Called on the driver thread between waits; records each executed batch's progress once."""
+def observed(progress: dict, name: str) -> dict:
+    seen = (progress.get("observedMetrics") or {}).get(name) or {}
+    return seen.asDict() if hasattr(seen, "asDict") else dict(seen)
 
-    def __init__(self, spark, cfg: Config, layer: str, to_counts):
-        self.spark, self.cfg, self.layer, self.to_counts = spark, cfg, layer, to_counts
-        self.seen: set[tuple[str, int]] = set()
+
+class Accounting:
+    """Per-query accounting: foreachBatch calls `stash`, the driver loop calls the instance."""
+
+    def __init__(self, spark, cfg: Config, layer: str, checkpoint: str, from_progress):
+        self.spark, self.cfg, self.layer = spark, cfg, layer
+        self.checkpoint, self.from_progress = checkpoint, from_progress
+        self.path = ensure_accounting(spark, cfg)
+        self._stash: dict[int, dict] = {}
+        self._lock = threading.Lock()
+        self._recorded: set[int] = set()
+
+    def stash(self, batch_id: int, **counts) -> None:
+        with self._lock:
+            self._stash[batch_id] = counts
 
     def __call__(self, query) -> None:
         for p in executed_batches(query):
-            key = (p["name"], p["batchId"])
-            if key in self.seen:
+            batch_id = p["batchId"]
+            if batch_id in self._recorded:
                 continue
-            record(self.spark, self.cfg, self.layer, p["name"], p["batchId"], **self.to_counts(p))
-            self.seen.add(key)
+            with self._lock:
+                counts = self._stash.pop(batch_id, {})
+            counts.update(self.from_progress(p))
+            counts["batch_ms"] = int((p.get("durationMs") or {}).get("triggerExecution") or 0)
+            self._write(p["name"], batch_id, counts)
+            self._recorded.add(batch_id)
+
+    def _write(self, query_name: str, batch_id: int, counts: dict) -> None:
+        unknown = set(counts) - set(BATCH_ACCOUNTING.fieldNames())
+        if unknown:
+            raise KeyError(f"unknown accounting columns {sorted(unknown)}")
+        row = {f: None for f in BATCH_ACCOUNTING.fieldNames()}
+        row.update(counts, layer=self.layer, query=query_name, batch_id=batch_id,
+                   recorded_at=datetime.now(timezone.utc))
+        df = self.spark.createDataFrame([tuple(row[f] for f in BATCH_ACCOUNTING.fieldNames())],
+                                        BATCH_ACCOUNTING)
+        app_id = f"accounting-{query_name}-{checkpoint_query_id(self.checkpoint)}"
+        idempotent_append(df, self.path, app_id, batch_id)

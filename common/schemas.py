@@ -36,6 +36,8 @@ BATCH_ACCOUNTING = StructType([
     StructField("late_dropped", LongType(), True),
     StructField("rows_in", LongType(), True),
     StructField("rows_written", LongType(), True),
+    StructField("batch_ms", LongType(), True),        # the whole trigger, from query progress
+    StructField("quality_ms", LongType(), True),      # time inside the quality gate
 ])
 
 DQ_RESULTS = StructType([

@@ -10,16 +10,16 @@ ops.batch_accounting idempotently (a replayed batch writes nothing twice).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError, load_config
-from common.delta import OPS_LOCK, ensure_table, idempotent_append, merge_upsert
+from common.delta import ensure_table, idempotent_append
 from common.quality import (DataQualityError, QualityGate, SuiteError, dq_rows, load_suites,
                             raise_on_failures)
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
@@ -30,7 +30,6 @@ from silver.locations import ensure_seeded
 
 QUERY = "silver"
 METRICS = "silver_input"
-DQ_KEYS = ["query", "batch_id", "table_name", "expectation"]
 
 
 def output_schemas(spark):
@@ -51,31 +50,27 @@ def ensure_tables(spark, cfg) -> None:
     ensure_seeded(spark, cfg)
 
 
-def checkpoint_query_id(checkpoint: str) -> str:
-    """The id Spark keeps in the checkpoint: stable across restarts, new if the checkpoint is
-    deleted. Keying Delta's txnAppId on it means a fresh checkpoint never collides with the
-    batch versions an old one already wrote."""
-    return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
-
-
-def write_dq_results(spark, cfg, outcomes, batch_id, table, suite):
+def write_dq_results(spark, cfg, outcomes, batch_id, table, suite, app_id):
+    """One row per expectation per batch. A batch stopped by a `fail` rule is recorded under a
+    separate app id, so after the fix its replay adds the passing results next to the failed
+    attempt (an audit trail), while a replay of the same outcome is skipped by txnVersion."""
     rows = spark.createDataFrame(dq_rows(outcomes, QUERY, batch_id, table, suite), DQ_RESULTS)
-    with OPS_LOCK:
-        merge_upsert(spark, cfg.table_path("ops", "dq_results"), rows, DQ_KEYS)
+    kind = "dq-failed" if any(o.rule.policy == "fail" and not o.success for o in outcomes) else "dq"
+    idempotent_append(rows, cfg.table_path("ops", "dq_results"), f"{app_id}-{kind}", batch_id)
 
 
 class SilverBatch:
     """The foreachBatch body. Holds the GX context so it is built once per job, not per batch."""
 
-    def __init__(self, spark, cfg, suite):
-        self.spark, self.cfg, self.suite = spark, cfg, suite
+    def __init__(self, spark, cfg, suite, accounting_):
+        self.spark, self.cfg, self.suite, self.accounting = spark, cfg, suite, accounting_
         self.gate = QualityGate(suite)
         self.paths = {t: cfg.table_path("silver", t) for t in ("camera_events", "quarantine",
                                                                "device_locations")}
 
     def __call__(self, batch, batch_id: int) -> None:
         spark, cfg = self.spark, self.cfg
-        app_id = f"{QUERY}-{checkpoint_query_id(cfg.checkpoint(QUERY))}"
+        app_id = f"{QUERY}-{accounting.checkpoint_query_id(cfg.checkpoint(QUERY))}"
         batch.persist()
         candidates = None
         try:
@@ -84,11 +79,13 @@ class SilverBatch:
             candidates = T.to_silver(joined, batch_id).persist()
             n_candidates = candidates.count()
 
+            started = time.monotonic()
             if n_candidates:
                 outcomes = self.gate.validate(candidates)
             else:  # an empty batch still gets a row per expectation, without asking GX
                 outcomes = [_vacuous(rule) for rule in self.suite.rules]
-            write_dq_results(spark, cfg, outcomes, batch_id, self.suite.table, self.suite.name)
+            quality_ms = int((time.monotonic() - started) * 1000)
+            write_dq_results(spark, cfg, outcomes, batch_id, self.suite.table, self.suite.name, app_id)
             raise_on_failures(outcomes, QUERY, batch_id, self.suite.table)
 
             dq_reasons = _dq_reasons(spark, outcomes)
@@ -98,15 +95,18 @@ class SilverBatch:
             quarantine = T.to_quarantine(T.rejected(batch), batch_id).unionByName(
                 T.to_quarantine(dq_bad, batch_id))
 
-            idempotent_append(good, self.paths["camera_events"], f"{app_id}-events", batch_id)
-            idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id)
-
             n_dq = dq_bad.count()
-            n_event_rejects = T.rejected(batch).where("parsed").count()
-            accounting.record(spark, cfg, "silver", QUERY, batch_id,
-                              events_written=n_candidates - n_dq,
-                              events_quarantined=n_event_rejects + n_dq,
-                              rows_written=n_candidates - n_dq)
+            n_rejects = T.rejected(batch).count()
+            n_event_rejects = T.rejected(batch).where("parsed").count() if n_rejects else 0
+            # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
+            if n_candidates > n_dq:
+                idempotent_append(good, self.paths["camera_events"], f"{app_id}-events", batch_id)
+            if n_rejects or n_dq:
+                idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id)
+
+            self.accounting.stash(batch_id, events_written=n_candidates - n_dq,
+                                  events_quarantined=n_event_rejects + n_dq,
+                                  rows_written=n_candidates - n_dq, quality_ms=quality_ms)
         finally:
             if candidates is not None:
                 candidates.unpersist()
@@ -127,9 +127,7 @@ def _dq_reasons(spark, outcomes):
 
 
 def progress_counts(progress: dict) -> dict:
-    seen = (progress.get("observedMetrics") or {}).get(METRICS) or {}
-    if hasattr(seen, "asDict"):  # PySpark hands observed metrics over as a Row
-        seen = seen.asDict()
+    seen = accounting.observed(progress, METRICS)
     counts = {k: int(seen.get(k) or 0)
               for k in ("records_parsed", "records_quarantined_unparsed", "events_parsed")}
     counts["records_in"] = counts["records_parsed"] + counts["records_quarantined_unparsed"]
@@ -138,6 +136,7 @@ def progress_counts(progress: dict) -> dict:
 
 
 def start(spark, cfg, suite=None):
+    """Start the silver query; returns (query, accounting) - call accounting(query) to record."""
     bronze_path = cfg.table_path("bronze", "events")
     if not (Path(bronze_path) / "_delta_log").is_dir():
         raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
@@ -147,15 +146,13 @@ def start(spark, cfg, suite=None):
     parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds)
     observed = parsed.observe(METRICS, *T.input_metrics(parsed))
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark())
-    return (deduped.writeStream.queryName(QUERY)
-            .foreachBatch(SilverBatch(spark, cfg, suite))
-            .option("checkpointLocation", cfg.checkpoint(QUERY))
-            .trigger(**trigger(cfg))
-            .start())
-
-
-def recorder(spark, cfg):
-    return accounting.ProgressRecorder(spark, cfg, "silver", progress_counts)
+    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)
+    query = (deduped.writeStream.queryName(QUERY)
+             .foreachBatch(SilverBatch(spark, cfg, suite, books))
+             .option("checkpointLocation", cfg.checkpoint(QUERY))
+             .trigger(**trigger(cfg))
+             .start())
+    return query, books
 
 
 def main(argv=None) -> int:
@@ -176,9 +173,9 @@ def main(argv=None) -> int:
 
     spark = build_spark(cfg, "silver")
     try:
-        query = start(spark, cfg, suite)
+        query, books = start(spark, cfg, suite)
         print(f"silver: bronze.events -> silver.camera_events ({cfg.streaming.trigger})", flush=True)
-        await_queries([query], stop, on_tick=recorder(spark, cfg))
+        await_queries([query], stop, on_tick=books)
         n = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
         print(f"silver: done; silver.camera_events holds {n} rows", flush=True)
     except JobError as e:

@@ -84,13 +84,16 @@ def parse_records(bronze: DataFrame) -> DataFrame:
 
 
 def explode_events(records: DataFrame, min_event_time: datetime, max_future_seconds: float) -> DataFrame:
-    """Parsed records -> one row per camera, flattened and typed, with event-level reasons."""
-    exploded = (records.where("parsed")
-                .select("raw", *LINEAGE_COLUMNS,
-                        F.posexplode("j.devices.cameras").alias("camera_index", "camera_key", "cam")))
+    """Records -> one row per camera, flattened and typed, with event-level reasons. A record
+    that did not parse stays one row (camera fields NULL) with its record-level reasons; doing
+    both in one pass reads the source once (a union of two branches would scan it twice)."""
+    exploded = records.select(
+        "raw", *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"),
+        F.posexplode_outer(F.when(F.col("parsed"), F.col("j.devices.cameras")))
+        .alias("camera_index", "camera_key", "cam"))
     le = F.col("cam.last_event")
     typed = exploded.select(
-        "raw", *LINEAGE_COLUMNS, "camera_index",
+        "raw", *LINEAGE_COLUMNS, "parsed", "record_reasons", "camera_index",
         F.col("cam.device_id").alias("device_id"),
         F.col("cam.name").alias("name"),
         _bool(F.col("cam.is_online")).alias("is_online"),
@@ -107,19 +110,19 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         bad = "wrong_type" if f in BOOL_FIELDS else "bad_timestamp"
         field_reasons += [_reason(~F.col("_no_last_event") & text.isNull(), f"missing_field:{f}"),
                           _reason(text.isNotNull() & F.col(f).isNull(), f"{bad}:{f}")]
-    reasons = _reasons(
+    event_reasons = _reasons(
         _reason(F.col("device_id").isNull() | (F.trim("device_id") == ""), "missing_field:device_id"),
         _reason(F.col("_no_last_event"), "missing_field:last_event"),
         *field_reasons,
         _reason((F.col("start_time") < earliest) | (F.col("start_time") > latest),
                 "time_out_of_range:start_time"),
     )
+    reasons = F.when(F.col("parsed"), event_reasons).otherwise(F.col("record_reasons"))
     return (typed.withColumn("reasons", reasons)
-            .withColumn("event_id", _event_id())
+            .withColumn("event_id", F.when(F.col("parsed"), _event_id()))
             .withColumn("duration_seconds",
                         F.col("end_time").cast("double") - F.col("start_time").cast("double"))
             .withColumn("event_time", F.col("start_time"))
-            .withColumn("parsed", F.lit(True))
             .select(*PARSED_COLUMNS))
 
 
@@ -131,21 +134,9 @@ def _event_id() -> Column:
                               F.date_format("end_time", fmt)), 256)
 
 
-def unparsed_records(records: DataFrame) -> DataFrame:
-    """Records that did not parse, shaped like parse_events rows (no event fields)."""
-    nulls = {c: F.lit(None) for c in ("camera_index", *EVENT_COLUMNS)}
-    out = records.where(~F.col("parsed"))
-    for name, value in nulls.items():
-        out = out.withColumn(name, value)
-    return out.select(*PARSED_COLUMNS)
-
-
 def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds: float) -> DataFrame:
     """bronze.events rows -> events (reasons empty) and rejects (reasons set), one DataFrame."""
-    records = parse_records(bronze)
-    events = explode_events(records, min_event_time, max_future_seconds)
-    return events.unionByName(unparsed_records(records).select(
-        *[F.col(c).cast(events.schema[c].dataType) for c in PARSED_COLUMNS]))
+    return explode_events(parse_records(bronze), min_event_time, max_future_seconds)
 
 
 def accepted(parsed: DataFrame) -> DataFrame:

@@ -304,7 +304,6 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(source, spark, cfg, env, tm
     assert batch_ids(checkpoint, "offsets") != batch_ids(checkpoint, "commits")
 
     done = run_job(job_env, "--source", source, "--trigger", "available-now")
-    (tmp_path / "restart.err").write_text(done.stderr)  # DEBUG
     assert done.returncode == 0, done.stderr[-3000:]
     df = bronze_rows(spark, cfg)
     assert_unique(df, *keys)
