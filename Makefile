@@ -72,3 +72,6 @@ seed-locations: setup ## Load device_locations.csv (from `make generate`) into s
 
 run-silver: setup ## bronze.events -> silver.camera_events + silver.quarantine (TRIGGER=...)
 	$(PY) -m silver.job
+
+run-gold: setup ## silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity, gold.device_sessions
+	$(PY) -m gold.job

@@ -41,6 +41,9 @@ def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] 
     # The Python workers (pandas UDFs, applyInPandasWithState) must use this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Python workers inherit this: pyspark 4.1's Arrow serializer trips a pandas FutureWarning
+    # on every state batch, which would bury real messages in the job's output.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(cfg.spark.master).appName(app_name or cfg.spark.app_name)

@@ -83,13 +83,50 @@ def await_queries(queries, stop: GracefulStop, on_tick=None, poll: float = 0.5) 
 
 
 def _stop_between_batches(query, timeout: float = 600) -> None:
+    """Stop when no trigger runs, or as soon as the trigger running now has finished.
+
+    With a backlog (batches slower than the interval, or availableNow) the next trigger starts
+    the moment one ends, so an idle moment may never come and waiting for one would drain the
+    whole backlog first. A new progress report marks the end of the running trigger; stop() right
+    then, before the next batch plans its offsets, or at worst while it starts (it is replayed on
+    restart, exactly once through the checkpoint and the Delta sink's batch ids).
+    """
+    seen = _progress_mark(query)
     deadline = time.monotonic() + timeout
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while (query.isActive and query.status.get("isTriggerActive")
+           and _progress_mark(query) == seen and time.monotonic() < deadline):
+        time.sleep(0.01)
     if query.isActive:
         query.stop()
+
+
+def _progress_mark(query):
+    progress = query.lastProgress
+    return None if progress is None else (progress["runId"], progress["batchId"], progress["timestamp"])
 
 
 def fail(message: str, code: int = 2) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code
+
+
+def batch_watermark_ms(checkpoint: str, batch_id: int) -> int:
+    """The event-time watermark Spark used for this batch, from the offset log (so a replayed
+    batch sees the same value)."""
+    import json
+    from pathlib import Path
+
+    for line in (Path(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines():
+        if line.startswith("{") and "batchWatermarkMs" in line:
+            return int(json.loads(line)["batchWatermarkMs"])
+    return 0
+
+
+def failure_message(e: Exception) -> str:
+    """The useful part of a failed query's exception: our own message, not the JVM trace."""
+    text = str(e)
+    marker = "quality gate failed"
+    if marker in text:
+        text = text[text.index(marker):]
+        return text.split("\n\tat ")[0].split("JVM stacktrace")[0].split("\nTraceback")[0].rstrip()
+    return text.split("\n\tat ")[0]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from pyspark.sql import functions as F
@@ -20,11 +19,10 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError, load_config
 from common.delta import ensure_table, idempotent_append
-from common.quality import (DataQualityError, QualityGate, SuiteError, dq_rows, load_suites,
-                            raise_on_failures)
+from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, fail, trigger)
+                              await_queries, fail, failure_message, trigger)
 from silver import transform as T
 from silver.locations import ensure_seeded
 
@@ -50,15 +48,6 @@ def ensure_tables(spark, cfg) -> None:
     ensure_seeded(spark, cfg)
 
 
-def write_dq_results(spark, cfg, outcomes, batch_id, table, suite, app_id):
-    """One row per expectation per batch. A batch stopped by a `fail` rule is recorded under a
-    separate app id, so after the fix its replay adds the passing results next to the failed
-    attempt (an audit trail), while a replay of the same outcome is skipped by txnVersion."""
-    rows = spark.createDataFrame(dq_rows(outcomes, QUERY, batch_id, table, suite), DQ_RESULTS)
-    kind = "dq-failed" if any(o.rule.policy == "fail" and not o.success for o in outcomes) else "dq"
-    idempotent_append(rows, cfg.table_path("ops", "dq_results"), f"{app_id}-{kind}", batch_id)
-
-
 class SilverBatch:
     """The foreachBatch body. Holds the GX context so it is built once per job, not per batch."""
 
@@ -79,14 +68,8 @@ class SilverBatch:
             candidates = T.to_silver(joined, batch_id).persist()
             n_candidates = candidates.count()
 
-            started = time.monotonic()
-            if n_candidates:
-                outcomes = self.gate.validate(candidates)
-            else:  # an empty batch still gets a row per expectation, without asking GX
-                outcomes = [_vacuous(rule) for rule in self.suite.rules]
-            quality_ms = int((time.monotonic() - started) * 1000)
-            write_dq_results(spark, cfg, outcomes, batch_id, self.suite.table, self.suite.name, app_id)
-            raise_on_failures(outcomes, QUERY, batch_id, self.suite.table)
+            outcomes, quality_ms = check(self.gate, candidates, n_candidates, spark,
+                                         cfg.table_path("ops", "dq_results"), QUERY, batch_id, app_id)
 
             dq_reasons = _dq_reasons(spark, outcomes)
             good = candidates.join(dq_reasons, "event_id", "left_anti")
@@ -111,12 +94,6 @@ class SilverBatch:
             if candidates is not None:
                 candidates.unpersist()
             batch.unpersist()
-
-
-def _vacuous(rule):
-    from common.quality import Outcome
-
-    return Outcome(rule, True, 0, 0, None)
 
 
 def _dq_reasons(spark, outcomes):
@@ -183,19 +160,10 @@ def main(argv=None) -> int:
     except Exception as e:  # a failed query: print the cause (e.g. the quality gate), not a trace
         if os.environ.get("LAKEHOUSE_DEBUG"):
             raise
-        return fail(_cause(e), 1)
+        return fail(failure_message(e), 1)
     finally:
         spark.stop()
     return 0
-
-
-def _cause(e: Exception) -> str:
-    text = str(e)
-    marker = "quality gate failed"
-    if marker in text:
-        body = text[text.index(marker):]
-        return body.split("\n\tat ")[0].split("JVM stacktrace")[0].rstrip()
-    return text.split("\n\tat ")[0]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,197 @@
+"""Gold job: silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity,
+gold.device_sessions. One streaming query per table, each with its own checkpoint.
+
+    python -m gold.job [--only sightings,activity,sessions] [--trigger ...] [--interval ...]
+
+Every table holds the current value of every window or session seen so far: each micro-batch's
+updated rows are MERGEd by key (setting values, so a replayed batch is harmless), windows whose
+end is behind the watermark are marked finalized, sessions carry status open/closed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from common import accounting
+from common.config import ConfigError, load_config
+from common.delta import ensure_table
+from common.quality import QualityGate, SuiteError, check, load_suites
+from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
+                              await_queries, batch_watermark_ms, fail, failure_message, trigger)
+from gold import sessions as S
+from gold import transform as T
+
+
+@dataclass(frozen=True)
+class GoldTable:
+    key: str                       # short name for --only
+    table: str                     # gold.<table>
+    keys: tuple[str, ...]          # MERGE keys
+    build: Callable                # (on-time silver events, cfg) -> streaming DataFrame
+    windowed: bool = True
+
+    @property
+    def query(self) -> str:
+        return f"gold_{self.table}"
+
+
+TABLES = (
+    GoldTable("sightings", "zip_hourly_sightings", ("window_start", "zip_code", "unknown_device"),
+              lambda ev, cfg: T.hourly_sightings(ev, cfg.gold.sightings_window.spark())),
+    GoldTable("activity", "device_activity", ("window_start", "device_id"),
+              lambda ev, cfg: T.device_activity(ev, cfg.gold.activity_window.spark(),
+                                                cfg.gold.activity_slide.spark())),
+    GoldTable("sessions", "device_sessions", ("device_id", "session_id"),
+              lambda ev, cfg: S.sessionize(ev, cfg.gold.session_gap.seconds), windowed=False),
+)
+
+
+def output_schema(spark, cfg, spec: GoldTable, silver_schema):
+    empty = spark.createDataFrame([], silver_schema)
+    out = spec.build(empty, cfg) if spec.windowed else spark.createDataFrame([], S.OUTPUT_SCHEMA)
+    return T.with_finalized(out, 0).schema if spec.windowed else out.schema
+
+
+def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> None:
+    cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in spec.keys)
+    m = DeltaTable.forPath(spark, path).alias("t").merge(updates.alias("s"), cond)
+    if spec.windowed:
+        wm = F.timestamp_millis(F.lit(watermark_ms))
+        m = (m.whenMatchedUpdateAll().whenNotMatchedInsertAll()
+             # Windows this batch did not touch still become final as the watermark moves.
+             .whenNotMatchedBySourceUpdate(condition=(~F.col("t.finalized")) & (F.col("t.window_end") <= wm),
+                                           set={"finalized": F.lit(True)}))
+    else:
+        m = (m.whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
+             .whenNotMatchedInsertAll(condition="s.status <> 'merged'"))
+    m.execute()
+
+
+class GoldBatch:
+    """foreachBatch body for one gold table."""
+
+    def __init__(self, spark, cfg, spec: GoldTable, gate: QualityGate | None, books):
+        self.spark, self.cfg, self.spec, self.gate, self.books = spark, cfg, spec, gate, books
+        self.path = cfg.table_path("gold", spec.table)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark, cfg, spec = self.spark, self.cfg, self.spec
+        checkpoint = cfg.checkpoint(spec.query)
+        watermark = batch_watermark_ms(checkpoint, batch_id)
+        updates = (T.with_finalized(batch, watermark) if spec.windowed else batch).persist()
+        try:
+            n = updates.count()
+            quality_ms = None
+            if self.gate is not None:
+                app_id = f"{spec.query}-{accounting.checkpoint_query_id(checkpoint)}"
+                live = updates.where("status <> 'merged'") if not spec.windowed else updates
+                _, quality_ms = check(self.gate, T.quality_view(spec.table, live), n, spark,
+                                      cfg.table_path("ops", "dq_results"), spec.query, batch_id, app_id)
+            merge(spark, self.path, spec, updates, watermark)
+            if spec.key == "sightings" and cfg.gold.stats_to_kafka and n:
+                publish_stats(cfg, updates)
+            self.books.stash(batch_id, rows_written=n, quality_ms=quality_ms)
+        finally:
+            updates.unpersist()
+
+
+def publish_stats(cfg, updates: DataFrame) -> None:
+    """Updated hourly counts to the compacted stats topic. A replayed batch re-sends the same
+    key with the same value, which compaction collapses."""
+    (T.sightings_kafka_records(updates).write.format("kafka")
+     .option("kafka.bootstrap.servers", cfg.kafka.bootstrap_servers)
+     .option("topic", cfg.kafka.topics.stats).save())
+
+
+def progress_counts(progress: dict) -> dict:
+    return {"rows_in": int(progress.get("numInputRows") or 0), **accounting.state_drops(progress)}
+
+
+def start(spark, cfg, only=None, suites=None):
+    """Start the selected gold queries; returns [(query, accounting)]."""
+    silver_path = cfg.table_path("silver", "camera_events")
+    if not (Path(silver_path) / "_delta_log").is_dir():
+        raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
+    if suites is None:
+        suites = load_suites(cfg.gold.expectations)
+    if cfg.gold.stats_to_kafka:
+        from common.kafka_broker import BrokerError, ensure_topic, wait_for_kafka
+
+        try:
+            wait_for_kafka(cfg.kafka.bootstrap_servers, cfg.kafka.connect_timeout.seconds)
+        except BrokerError as e:
+            raise JobError(f"gold.stats_to_kafka is on but {e}") from None
+        ensure_topic(cfg.kafka.bootstrap_servers, cfg.kafka.topics.stats,
+                     cfg.kafka.topic_partitions, compacted=True)
+    silver_schema = spark.read.format("delta").load(silver_path).schema
+    started = []
+    for spec in TABLES:
+        if only and spec.key not in only:
+            continue
+        ensure_table(spark, cfg, "gold", spec.table, output_schema(spark, cfg, spec, silver_schema))
+        events = T.on_time(spark.readStream.format("delta").load(silver_path),
+                           cfg.gold.watermark.spark())
+        suite = suites.get(f"gold.{spec.table}")
+        books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts)
+        batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)
+        query = (spec.build(events, cfg).writeStream.queryName(spec.query)
+                 .outputMode("update")
+                 .foreachBatch(batch)
+                 .option("checkpointLocation", cfg.checkpoint(spec.query))
+                 .trigger(**trigger(cfg))
+                 .start())
+        started.append((query, books))
+    return started
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="gold.job", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated subset of: "
+                        + ", ".join(t.key for t in TABLES) + " (default: all)")
+    add_trigger_args(parser)
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    if only and only - {t.key for t in TABLES}:
+        parser.error(f"--only: unknown {sorted(only - {t.key for t in TABLES})}")
+    try:
+        cfg = load_config(env=apply_trigger_args(args, os.environ))
+        suites = load_suites(cfg.gold.expectations)
+    except (ConfigError, SuiteError) as e:
+        return fail(str(e))
+    stop = GracefulStop()
+    stop.install()
+    from common.spark import build_spark
+
+    spark = build_spark(cfg, "gold")
+    try:
+        pairs = start(spark, cfg, only, suites)
+        books = {q.name: b for q, b in pairs}
+        print(f"gold: silver.camera_events -> {', '.join('gold.' + t.table for t in TABLES if not only or t.key in only)} "
+              f"({cfg.streaming.trigger})", flush=True)
+        await_queries([q for q, _ in pairs], stop, on_tick=lambda q: books[q.name](q))
+        for t in TABLES:
+            if not only or t.key in only:
+                n = spark.read.format("delta").load(cfg.table_path("gold", t.table)).count()
+                print(f"gold: gold.{t.table} holds {n} rows", flush=True)
+    except JobError as e:
+        return fail(str(e))
+    except Exception as e:
+        if os.environ.get("LAKEHOUSE_DEBUG"):
+            raise
+        return fail(failure_message(e), 1)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

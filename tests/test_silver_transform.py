@@ -1,0 +1,343 @@
+"""Silver transforms on static DataFrames: the very functions the streaming job runs per batch.
+
+Bronze rows are built by hand (raw JSON text + file lineage); nothing here starts a stream.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from pyspark.sql import functions as F
+
+from common.quality import SuiteError, load_suites
+from common.schemas import BRONZE_EVENTS
+from silver import transform as T
+from silver.locations import seed
+
+INGEST = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+FILE = "file:///landing/nest/part-7-0000.jsonl"
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def camera(device_id="cam-0001", start="2026-11-01T10:00:00.000Z", end="2026-11-01T10:00:30.000Z",
+           *, name="Front Door 1", is_online=True, has_sound=False, has_motion=True,
+           has_person=False, drop=(), **override) -> dict:
+    """One camera of a Nest record; `drop` removes keys (also of last_event), `override` sets
+    any key of last_event or the camera to an arbitrary JSON value."""
+    last = {"has_sound": has_sound, "has_motion": has_motion, "has_person": has_person,
+            "start_time": start, "end_time": end}
+    cam = {"device_id": device_id, "name": name, "is_online": is_online, "last_event": last}
+    for key, value in override.items():
+        (last if key in last else cam)[key] = value
+    for key in drop:
+        (last if key in last else cam).pop(key)
+    return cam
+
+
+def record(*cameras: dict) -> str:
+    cams = {c.get("device_id") or f"cam-{i}": c for i, c in enumerate(cameras)}
+    return json.dumps({"devices": {"cameras": cams},
+                       "metadata": {"access_token": "c.abc", "client_version": 1}})
+
+
+def bronze_row(raw: str | None, line: int, file: str = FILE, ingest: datetime = INGEST) -> tuple:
+    """A bronze.events row as the file source writes it (schema common.schemas.BRONZE_EVENTS)."""
+    return (raw, "file", file, line, ingest, None, None, None, None, None, ingest, ingest.date())
+
+
+def bronze_df(spark, raws, ingest: datetime = INGEST):
+    return spark.createDataFrame([bronze_row(r, i + 1, ingest=ingest) for i, r in enumerate(raws)],
+                                 BRONZE_EVENTS)
+
+
+@pytest.fixture(scope="module")
+def silver_conf():
+    from common.config import load_config
+
+    return load_config(env={}).silver
+
+
+def parse(spark, silver_conf, raws, ingest: datetime = INGEST):
+    bronze = raws if not isinstance(raws, list) else bronze_df(spark, raws, ingest)
+    return T.parse_events(bronze, silver_conf.min_event_time, silver_conf.max_future.seconds)
+
+
+def millis(ts_column: str):
+    return F.unix_millis(F.col(ts_column)).alias(ts_column)
+
+
+def reasons_by_line(parsed) -> dict[int, list[str]]:
+    return {r.bronze_line_number: list(r.reasons)
+            for r in parsed.select("bronze_line_number", "reasons").collect()}
+
+
+def utc_ms(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+# --- parse and explode ---------------------------------------------------------------------
+
+def test_a_record_with_three_cameras_gives_three_flat_typed_rows(spark, silver_conf):
+    raw = record(
+        camera("cam-0001", "2026-11-01T10:00:00.000Z", "2026-11-01T10:00:30.000Z",
+               has_sound=True, has_person=True),
+        camera("cam-0002", "2026-11-01T12:00:00+02:00", "2026-11-01T10:01:00.5Z",
+               name="Garage 2", is_online=False, has_motion=False),
+        camera("cam-0003", "2026-11-01T10:02:00Z", "2026-11-01T10:02:07.25Z"),
+    )
+    parsed = parse(spark, silver_conf, [raw])
+    assert parsed.columns == T.PARSED_COLUMNS
+    types = dict(parsed.dtypes)
+    assert types["start_time"] == types["end_time"] == types["event_time"] == "timestamp"
+    assert types["has_person"] == types["is_online"] == "boolean"
+    assert types["duration_seconds"] == "double"
+
+    rows = {r.device_id: r for r in parsed.select(
+        "device_id", "name", "is_online", "has_sound", "has_motion", "has_person",
+        millis("start_time"), millis("end_time"), millis("event_time"), "duration_seconds",
+        "camera_index", "parsed", "reasons", "event_id", "raw",
+        *[c for c in T.LINEAGE_COLUMNS if c != "bronze_ingest_time"], millis("bronze_ingest_time")).collect()}
+    assert sorted(rows) == ["cam-0001", "cam-0002", "cam-0003"]
+    assert sorted(r.camera_index for r in rows.values()) == [0, 1, 2]
+
+    one, two, three = rows["cam-0001"], rows["cam-0002"], rows["cam-0003"]
+    assert (one.name, one.is_online, one.has_sound, one.has_motion, one.has_person) == \
+        ("Front Door 1", True, True, True, True)
+    assert (two.name, two.is_online, two.has_sound, two.has_motion, two.has_person) == \
+        ("Garage 2", False, False, False, False)
+    # Times are instants in UTC: "+02:00" is normalised, fractions of a second are kept.
+    assert one.start_time == one.event_time == utc_ms("2026-11-01T10:00:00Z")
+    assert two.start_time == utc_ms("2026-11-01T10:00:00Z")
+    assert two.end_time == utc_ms("2026-11-01T10:01:00.500Z")
+    assert (one.duration_seconds, two.duration_seconds, three.duration_seconds) == (30.0, 60.5, 7.25)
+    for r in rows.values():
+        assert r.parsed and r.reasons == []
+        assert r.raw == raw
+        assert len(r.event_id) == 64
+        assert (r.bronze_source, r.bronze_file_path, r.bronze_line_number) == ("file", FILE, 1)
+        assert r.bronze_ingest_time == int(INGEST.timestamp() * 1000)
+        assert (r.bronze_kafka_topic, r.bronze_kafka_partition, r.bronze_kafka_offset) == (None,) * 3
+    assert len({r.event_id for r in rows.values()}) == 3
+
+
+def test_event_id_depends_on_device_start_and_end_only(spark, silver_conf):
+    base = camera("cam-0001", "2026-11-01T10:00:00.000Z", "2026-11-01T10:00:30.000Z")
+    raws = [
+        record(base),
+        # Same event in another record: other cameras around it, other flags, other name, and
+        # the same instants written differently.
+        record(camera("cam-0009"), camera("cam-0001", "2026-11-01T11:00:00+01:00",
+                                          "2026-11-01T10:00:30Z", name="Renamed",
+                                          has_person=True, is_online=False)),
+        record(camera("cam-0001", "2026-11-01T10:00:00.000Z", "2026-11-01T10:00:31.000Z")),
+        record(camera("cam-0002", "2026-11-01T10:00:00.000Z", "2026-11-01T10:00:30.000Z")),
+        record(camera("cam-0001", "2026-11-01T10:00:00.001Z", "2026-11-01T10:00:30.000Z")),
+    ]
+    ids = {(r.bronze_line_number, r.device_id): r.event_id
+           for r in parse(spark, silver_conf, raws).collect()}
+    same = ids[(1, "cam-0001")]
+    assert ids[(2, "cam-0001")] == same
+    assert ids[(3, "cam-0001")] != same      # another end
+    assert ids[(4, "cam-0002")] != same      # another device
+    assert ids[(5, "cam-0001")] != same      # another start (1 ms)
+    assert len(set(ids.values())) == len(ids) - 1
+
+
+def test_good_and_bad_cameras_of_one_record_are_judged_one_by_one(spark, silver_conf):
+    raw = record(camera("cam-0001"), camera("cam-0002", has_person="maybe"))
+    parsed = parse(spark, silver_conf, [raw])
+    by_device = {r.device_id: r for r in parsed.collect()}
+    assert by_device["cam-0001"].reasons == []
+    assert by_device["cam-0002"].reasons == ["wrong_type:has_person"]
+    assert [r.device_id for r in T.accepted(parsed).collect()] == ["cam-0001"]
+    assert [r.device_id for r in T.rejected(parsed).collect()] == ["cam-0002"]
+
+
+# --- reason codes --------------------------------------------------------------------------
+
+LATER = (INGEST + timedelta(days=1, seconds=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+AT_LIMIT = (INGEST + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+REASON_CASES = [
+    ("empty line", "", ["empty_record"]),
+    ("blank line", "   ", ["empty_record"]),
+    ("null raw", None, ["empty_record"]),
+    ("truncated", record(camera())[:57], ["malformed_json"]),
+    ("json array", "[1, 2, 3]", ["malformed_json"]),
+    ("array of records", f"[{record(camera())}]", ["malformed_json"]),
+    ("json scalar", "42", ["malformed_json"]),
+    ("no devices", json.dumps({"metadata": {"client_version": 1}}), ["missing_cameras"]),
+    ("no cameras", json.dumps({"devices": {}}), ["missing_cameras"]),
+    ("null cameras", json.dumps({"devices": {"cameras": None}}), ["missing_cameras"]),
+    ("empty cameras", json.dumps({"devices": {"cameras": {}}}), ["missing_cameras"]),
+    ("no device_id", record(camera(drop=("device_id",))), ["missing_field:device_id"]),
+    ("blank device_id", record(camera(device_id=" ")), ["missing_field:device_id"]),
+    ("no last_event", record(camera(drop=("last_event",))), ["missing_field:last_event"]),
+    ("null last_event", record(camera(last_event=None)), ["missing_field:last_event"]),
+    *[(f"no {f}", record(camera(drop=(f,))), [f"missing_field:{f}"])
+      for f in ("has_sound", "has_motion", "has_person", "start_time", "end_time")],
+    ("person maybe", record(camera(has_person="maybe")), ["wrong_type:has_person"]),
+    ("sound 1", record(camera(has_sound=1)), ["wrong_type:has_sound"]),
+    ("start epoch", record(camera(start=1793527200)), ["bad_timestamp:start_time"]),
+    ("start garbage", record(camera(start="yesterday at noon")), ["bad_timestamp:start_time"]),
+    ("start no zone", record(camera(start="2026-11-01T10:00:00")), ["bad_timestamp:start_time"]),
+    ("end garbage", record(camera(end="soon")), ["bad_timestamp:end_time"]),
+    ("before 2000", record(camera(start="1999-12-31T23:59:59.999Z")), ["time_out_of_range:start_time"]),
+    ("over a day ahead", record(camera(start=LATER, end=LATER)), ["time_out_of_range:start_time"]),
+    ("two problems", record(camera(drop=("has_sound",), start="x")),
+     ["missing_field:has_sound", "bad_timestamp:start_time"]),
+]
+
+
+RECORD_LEVEL = ("empty_record", "malformed_json", "missing_cameras")
+
+
+def test_every_reason_code_one_case_per_line(spark, silver_conf):
+    """Each case is one bronze line of the same DataFrame, as a micro-batch would hold them;
+    each must get exactly its own reason code(s), nothing more."""
+    parsed = parse(spark, silver_conf, [raw for _, raw, _ in REASON_CASES])
+    assert T.accepted(parsed).count() == 0
+    rows = parsed.select("bronze_line_number", "reasons", "parsed", "event_id").collect()
+    assert sorted(r.bronze_line_number for r in rows) == list(range(1, len(REASON_CASES) + 1))
+    got = {REASON_CASES[r.bronze_line_number - 1][0]: list(r.reasons) for r in rows}
+    assert got == {case: expected for case, _, expected in REASON_CASES}
+    for r in rows:
+        case, _, expected = REASON_CASES[r.bronze_line_number - 1]
+        record_level = expected[0] in RECORD_LEVEL
+        assert r.parsed is (not record_level), case
+        # An unparsed record has no event identity; a rejected camera event keeps its own.
+        assert (r.event_id is None) is record_level, case
+
+
+def test_non_utf8_bytes_are_malformed_json(spark, silver_conf):
+    # Bronze keeps the bytes as they arrived, so raw may hold invalid UTF-8 (as the file source
+    # writes it: a binary -> string cast, no decoding).
+    good = record(camera())
+    garbage = b"\xff\xfe garbage " + good[:40].encode()
+    bronze = (bronze_df(spark, [good, good])
+              .withColumn("raw", F.when(F.col("line_number") == 2,
+                                        F.unhex(F.lit(garbage.hex())).cast("string"))
+                          .otherwise(F.col("raw"))))
+    assert bytes(bronze.where("line_number = 2").selectExpr("CAST(raw AS BINARY)").first()[0]) == garbage
+    assert reasons_by_line(parse(spark, silver_conf, bronze)) == {1: [], 2: ["malformed_json"]}
+
+
+def test_time_range_edges_are_accepted(spark, silver_conf):
+    raws = [record(camera(start="2000-01-01T00:00:00.000Z", end="2000-01-01T00:00:10.000Z")),
+            record(camera(start=AT_LIMIT, end=AT_LIMIT))]
+    assert reasons_by_line(parse(spark, silver_conf, raws)) == {1: [], 2: []}
+
+
+def test_future_limit_follows_each_rows_ingest_time(spark, silver_conf):
+    raw = record(camera(start=LATER, end=LATER))
+    later_ingest = INGEST + timedelta(hours=1)
+    assert reasons_by_line(parse(spark, silver_conf, [raw], ingest=later_ingest)) == {1: []}
+
+
+# --- dedup, metrics, locations, output shapes ---------------------------------------------
+
+def test_deduplicate_in_batch_mode_drops_repeated_event_ids_only(spark, silver_conf):
+    e = camera("cam-0001")
+    raws = [record(e, camera("cam-0002")),
+            record(camera("cam-0003"), e),     # E again, in another record
+            record(e),                          # and again
+            "", "",                             # two identical rejects on different lines
+            record(camera("cam-0004", has_person="maybe")),
+            record(camera("cam-0004", has_person="maybe"))]
+    parsed = parse(spark, silver_conf, raws)
+    assert T.accepted(parsed).count() == 5
+    deduped = T.deduplicate(parsed, silver_conf.dedup_watermark.spark())
+    assert deduped.columns == T.PARSED_COLUMNS
+    good = T.accepted(deduped).collect()
+    assert sorted(r.device_id for r in good) == ["cam-0001", "cam-0002", "cam-0003"]
+    assert len({r.event_id for r in good}) == 3
+    bad = T.rejected(deduped).collect()
+    assert sorted(r.bronze_line_number for r in bad) == [4, 5, 6, 7]
+    # Rejected rows keep their NULL-free reasons and event_time is untouched for good rows.
+    assert all(r.event_time is not None for r in good)
+
+
+def test_input_metrics_count_records_and_events(spark, silver_conf):
+    raws = [record(camera("cam-0001"), camera("cam-0002"), camera("cam-0003", has_person="maybe")),
+            record(camera("cam-0004")),
+            "{not json",
+            "",
+            json.dumps({"devices": {}})]
+    parsed = parse(spark, silver_conf, raws)
+    m = parsed.select(*T.input_metrics(parsed)).first().asDict()
+    assert m == {"records_parsed": 2, "records_quarantined_unparsed": 3, "events_parsed": 4}
+    assert m["records_parsed"] + m["records_quarantined_unparsed"] == len(raws)
+
+
+def test_join_locations_keeps_unknown_devices_and_zip_codes_as_text(spark, cfg, tmp_path, silver_conf):
+    csv = tmp_path / "locations.csv"
+    csv.write_text("device_id,zip_code,city,state\n"
+                   "cam-0001,02108,Boston,MA\n"
+                   "cam-0002,94105,San Francisco,CA\n")
+    assert seed(spark, cfg, csv) == 2
+    locations = spark.read.format("delta").load(cfg.table_path("silver", "device_locations"))
+    assert dict(locations.dtypes)["zip_code"] == "string"
+
+    parsed = parse(spark, silver_conf, [record(camera("cam-0001"), camera("cam-x001"))])
+    joined = T.join_locations(T.accepted(parsed), locations)
+    rows = {r.device_id: r for r in joined.collect()}
+    assert sorted(rows) == ["cam-0001", "cam-x001"]
+    known, unknown = rows["cam-0001"], rows["cam-x001"]
+    assert (known.zip_code, known.city, known.state, known.unknown_device) == ("02108", "Boston", "MA", False)
+    assert (unknown.zip_code, unknown.city, unknown.state, unknown.unknown_device) == (None, None, None, True)
+
+    silver = T.to_silver(joined, 42)
+    types = dict(silver.dtypes)
+    assert types["zip_code"] == "string" and types["event_date"] == "date"
+    out = {r.device_id: r for r in silver.collect()}
+    assert out["cam-0001"].silver_batch_id == 42 and out["cam-0001"].zip_code == "02108"
+    assert str(out["cam-0001"].event_date) == "2026-11-01"
+
+
+def test_to_quarantine_carries_reasons_and_lineage(spark, silver_conf):
+    parsed = parse(spark, silver_conf, ["{oops", record(camera("cam-0005", start="later"))])
+    q = {r.bronze_line_number: r for r in T.to_quarantine(T.rejected(parsed), 3).collect()}
+    assert q[1].reasons == ["malformed_json"] and q[1].event_id is None and q[1].raw == "{oops"
+    assert q[2].reasons == ["bad_timestamp:start_time"] and q[2].device_id == "cam-0005"
+    assert all(r.batch_id == 3 and r.bronze_file_path == FILE and r.quarantined_at for r in q.values())
+
+
+# --- suite files ---------------------------------------------------------------------------
+
+GOOD_RULE = {"name": "event_id_present", "expectation": "expect_column_values_to_not_be_null",
+             "kwargs": {"column": "event_id"}, "policy": "fail"}
+
+
+def write_suite(tmp_path, rules, row_id="event_id"):
+    doc = {"suite": "s", "table": "silver.camera_events", "expectations": rules}
+    if row_id:
+        doc["row_id"] = row_id
+    import yaml
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_the_shipped_suite_loads(silver_conf):
+    suite = load_suites(silver_conf.expectations)["silver.camera_events"]
+    assert suite.row_id == "event_id"
+    assert {r.policy for r in suite.rules} == {"warn", "quarantine", "fail"}
+
+
+@pytest.mark.parametrize("rule,row_id,message", [
+    ({**GOOD_RULE, "policy": "block"}, "event_id", "policy must be one of warn, quarantine, fail"),
+    ({**GOOD_RULE, "expectation": "expect_column_to_be_purple"}, "event_id",
+     "unknown Great Expectations expectation 'expect_column_to_be_purple'"),
+    ({k: v for k, v in GOOD_RULE.items() if k != "name"}, "event_id", "missing 'name'"),
+    ({**GOOD_RULE, "policy": "quarantine"}, None, "policy 'quarantine' needs the suite's 'row_id'"),
+], ids=["unknown policy", "unknown expectation", "missing name", "quarantine without row_id"])
+def test_bad_suites_name_the_file_and_the_problem(tmp_path, rule, row_id, message):
+    path = write_suite(tmp_path, [GOOD_RULE | {"name": "first"}, rule], row_id)
+    with pytest.raises(SuiteError) as e:
+        load_suites(path)
+    assert str(path) in str(e.value)
+    assert message in str(e.value)
+    assert "[1]" in str(e.value)   # the entry's position in the list
