@@ -15,7 +15,7 @@ JAR_STAMP  := $(CACHE)/jars/.fetched
 N        ?= 10000
 SEED     ?= 7
 SINK     ?= files
-export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT
+export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
         seed-locations sql demo kafka-up kafka-down kafka-status clean clean-lakehouse
@@ -75,3 +75,21 @@ run-silver: setup ## bronze.events -> silver.camera_events + silver.quarantine (
 
 run-gold: setup ## silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity, gold.device_sessions
 	$(PY) -m gold.job
+
+sql: setup ## make sql Q="SELECT ..." prints a table; plain `make sql` opens a spark-sql shell (Delta + tables)
+	@$(PY) -m common.sql $(if $(Q),"$$Q") $(if $(LIMIT),--limit $(LIMIT))
+
+run-all: setup ## bronze -> silver -> gold, in order, each with an available-now trigger
+	TRIGGER=available-now $(MAKE) --no-print-directory run-bronze
+	TRIGGER=available-now $(MAKE) --no-print-directory run-silver
+	TRIGGER=available-now $(MAKE) --no-print-directory run-gold
+
+DEMO_N ?= 20000
+demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql)
+	$(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED)
+	$(MAKE) --no-print-directory run-all
+	@$(PY) -m common.sql -f conf/demo.sql 2>/dev/null
+
+BENCH_N ?= 1000000
+bench: setup ## Throughput of bronze, silver, gold on BENCH_N events (default 1M); results in bench-results/
+	$(PY) -m bench.run -n $(BENCH_N)

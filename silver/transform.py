@@ -162,6 +162,10 @@ def deduplicate(parsed: DataFrame, delay: str) -> DataFrame:
                              "bronze_kafka_offset", F.coalesce(F.col("camera_index"), F.lit(-1)))
     keyed = (parsed.withColumn("event_time", F.when(ok, F.col("event_time")))
              .withColumn("dedup_key", F.when(ok, F.col("event_id")).otherwise(reject_key)))
+    if not keyed.isStreaming:
+        # Spark rejects dropDuplicatesWithinWatermark on a static DataFrame; a static batch is
+        # all inside one watermark, so a plain dropDuplicates is the same operation there.
+        return keyed.dropDuplicates(["dedup_key"]).drop("dedup_key")
     return (keyed.withWatermark("event_time", delay)
             .dropDuplicatesWithinWatermark(["dedup_key"]).drop("dedup_key"))
 

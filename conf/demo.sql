@@ -1,0 +1,22 @@
+-- Queries `make demo` prints after the pipeline has run. Any SQL over bronze.*, silver.*,
+-- gold.* and ops.* works here, Delta time travel included.
+
+-- Top zip codes by person sightings (the hourly nest-camera-stats, summed)
+SELECT zip_code, sum(sightings) AS sightings, count(*) AS hours
+FROM gold.zip_hourly_sightings WHERE zip_code IS NOT NULL
+GROUP BY zip_code ORDER BY sightings DESC LIMIT 5;
+
+-- Busiest hours
+SELECT window_start, zip_code, sightings, finalized
+FROM gold.zip_hourly_sightings ORDER BY sightings DESC LIMIT 5;
+
+-- Longest device sessions
+SELECT device_id, zip_code, session_start, session_end, round(duration_seconds / 60, 1) AS minutes,
+       events, person_events, status
+FROM gold.device_sessions ORDER BY duration_seconds DESC LIMIT 5;
+
+-- Where every record went (summed over all micro-batches)
+SELECT layer, query, sum(records_in) AS records_in, sum(events_parsed) AS events_parsed,
+       sum(events_written) AS events_written, sum(events_quarantined) AS quarantined,
+       sum(duplicates_dropped) AS duplicates, sum(late_dropped) AS late
+FROM ops.batch_accounting GROUP BY layer, query ORDER BY layer, query;

@@ -1,0 +1,434 @@
+"""Silver as a real streaming query: bronze.events (Delta) -> silver.camera_events, quarantine,
+ops.dq_results and ops.batch_accounting, with checkpoints under cfg.checkpoint_root.
+
+Bronze rows are appended to the bronze Delta table directly (no bronze job) so each test says
+exactly what every micro-batch holds; an append followed by another available-now run of
+`silver.job.start` is a new micro-batch on the same checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.errors import StreamingQueryException
+
+from common import accounting
+from common.config import load_config
+from common.delta import ensure_table
+from common.quality import load_suites
+from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
+from silver import transform as T
+from silver.job import QUERY, SilverBatch, progress_counts, start
+from silver.locations import seed
+
+INGEST = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+KNOWN = [("cam-0001", "02108", "Boston", "MA"), ("cam-0002", "94105", "San Francisco", "CA"),
+         ("cam-0003", "10001", "New York", "NY"), ("cam-0004", "60601", "Chicago", "IL")]
+SUITE_RULES = ["event_id_present", "device_id_well_formed", "event_ends_after_start",
+               "event_duration_plausible", "device_location_known"]
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def at(hh_mm: str, seconds: float = 0) -> str:
+    """An ISO instant on the test day, 'HH:MM' plus seconds."""
+    t = datetime.fromisoformat(f"2026-11-01T{hh_mm}:00+00:00") + timedelta(seconds=seconds)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def camera(device_id: str, start: str, end: str | None = None, **last_event) -> dict:
+    """A camera whose event starts at `start` (ISO text) and lasts 30 s unless `end` is given."""
+    end = end or at(start[11:16], float(start[17:23]) + 30)
+    last = {"has_sound": False, "has_motion": True, "has_person": False,
+            "start_time": start, "end_time": end, **last_event}
+    return {"device_id": device_id, "name": f"Room {device_id}", "is_online": True, "last_event": last}
+
+
+def record(*cameras: dict) -> str:
+    return json.dumps({"devices": {"cameras": {c["device_id"]: c for c in cameras}},
+                       "metadata": {"access_token": "c.abc", "client_version": 1}})
+
+
+def bronze_row(raw: str | None, line: int, file: str, ingest: datetime = INGEST) -> tuple:
+    """A bronze.events row as the file source writes it (schema common.schemas.BRONZE_EVENTS)."""
+    return (raw, "file", file, line, ingest, None, None, None, None, None, ingest, ingest.date())
+
+
+def append_bronze(spark, cfg, raws: list[str | None], file: str | None = None) -> str:
+    """Append one file's lines to bronze.events (one Delta commit); returns the file path."""
+    file = file or f"file:///landing/nest/part-{uuid.uuid4().hex[:8]}.jsonl"
+    path = ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION)
+    rows = [bronze_row(raw, i + 1, file) for i, raw in enumerate(raws)]
+    spark.createDataFrame(rows, BRONZE_EVENTS).write.format("delta").mode("append").save(path)
+    return file
+
+
+def write_locations(path: Path, rows=KNOWN) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("device_id,zip_code,city,state\n" + "".join(",".join(r) + "\n" for r in rows))
+    return path
+
+
+def run_silver(spark, cfg, suite=None) -> list[int]:
+    """One available-now run of the silver query; records its accounting and returns the ids
+    of the micro-batches it executed. Raises StreamingQueryException if the query failed."""
+    query, books = start(spark, cfg, suite)
+    query.awaitTermination()
+    books(query)
+    return [p["batchId"] for p in accounting.executed_batches(query)]
+
+
+def table(spark, cfg, layer: str, name: str):
+    return spark.read.format("delta").load(cfg.table_path(layer, name))
+
+
+def silver_ids(spark, cfg) -> list[str]:
+    return sorted(r.event_id for r in table(spark, cfg, "silver", "camera_events").select("event_id").collect())
+
+
+def books_by_batch(spark, cfg) -> dict[int, dict]:
+    rows = table(spark, cfg, "ops", "batch_accounting").where("layer = 'silver'").collect()
+    by_batch = {r.batch_id: r.asDict() for r in rows}
+    assert len(by_batch) == len(rows), "more than one accounting row for a batch"
+    return by_batch
+
+
+def assert_identities(books: dict[int, dict]) -> None:
+    assert books, "no accounting rows"
+    for batch_id, b in books.items():
+        assert b["records_in"] == b["records_parsed"] + b["records_quarantined_unparsed"], (batch_id, b)
+        assert b["events_parsed"] == (b["events_written"] + b["events_quarantined"]
+                                      + b["duplicates_dropped"] + b["late_dropped"]), (batch_id, b)
+
+
+def totals(books: dict[int, dict], batch_ids) -> dict[str, int]:
+    keys = ("records_in", "records_parsed", "records_quarantined_unparsed", "events_parsed",
+            "events_written", "events_quarantined", "duplicates_dropped", "late_dropped")
+    return {k: sum(books[b][k] for b in batch_ids) for k in keys}
+
+
+def event_id(spark, cfg, device_id: str, start: str, end: str) -> str:
+    """The id silver gives an event, computed by the transform itself on a one-row batch."""
+    raw = record(camera(device_id, start, end))
+    df = spark.createDataFrame([bronze_row(raw, 1, "file:///x")], BRONZE_EVENTS)
+    return T.parse_events(df, cfg.silver.min_event_time, cfg.silver.max_future.seconds).first().event_id
+
+
+def snapshot(spark, cfg) -> dict:
+    """Contents and Delta versions of what a silver batch writes."""
+    out = {}
+    for layer, name, key in (("silver", "camera_events", "event_id, silver_batch_id"),
+                             ("silver", "quarantine", "raw, batch_id"),
+                             ("ops", "dq_results", "batch_id, expectation, success")):
+        path = cfg.table_path(layer, name)
+        rows = table(spark, cfg, layer, name).selectExpr(*key.split(", ")).collect()
+        out[name] = (sorted(map(tuple, rows), key=repr),
+                     DeltaTable.forPath(spark, path).history(1).first().version)
+    return out
+
+
+def write_suite(path: Path, rules: list[dict]) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump({"suite": "test_suite", "table": "silver.camera_events",
+                                    "row_id": "event_id", "expectations": rules}))
+    return path
+
+
+@pytest.fixture
+def lake(spark, cfg):
+    """The test's lakehouse with device locations for cam-0001..cam-0004."""
+    write_locations(cfg.locations_csv)
+    return cfg
+
+
+# --- dedup and watermark across micro-batches ---------------------------------------------
+
+def test_a_duplicate_in_a_later_micro_batch_is_dropped(spark, lake):
+    cfg = lake
+    e, f, g = camera("cam-0001", at("10:00")), camera("cam-0002", at("10:01")), camera("cam-0003", at("10:02"))
+    first_file = append_bronze(spark, cfg, [record(e, f)])
+    first = run_silver(spark, cfg)
+    assert len(silver_ids(spark, cfg)) == 2
+
+    append_bronze(spark, cfg, ["", record(g, e)])      # E re-sent in another record and file
+    second = run_silver(spark, cfg)
+    assert set(first).isdisjoint(second)
+
+    ids = silver_ids(spark, cfg)
+    e_id = event_id(spark, cfg, "cam-0001", e["last_event"]["start_time"], e["last_event"]["end_time"])
+    assert len(ids) == 3 and ids.count(e_id) == 1
+    kept = table(spark, cfg, "silver", "camera_events").where(f"event_id = '{e_id}'").first()
+    assert kept.bronze_file_path == first_file                  # the first sighting wins
+
+    books = books_by_batch(spark, cfg)
+    assert_identities(books)
+    assert totals(books, second) == {
+        "records_in": 2, "records_parsed": 1, "records_quarantined_unparsed": 1, "events_parsed": 2,
+        "events_written": 1, "events_quarantined": 0, "duplicates_dropped": 1, "late_dropped": 0}
+
+
+def test_an_event_behind_the_watermark_is_dropped_and_counted_late(spark, lake):
+    cfg = lake
+    # Batch 1 moves event time to 12:00, so the 2 hour watermark reaches 10:00.
+    append_bronze(spark, cfg, [record(camera("cam-0001", at("11:00")), camera("cam-0002", at("12:00")))])
+    first = run_silver(spark, cfg)
+    append_bronze(spark, cfg, [record(camera("cam-0003", at("09:00"))),     # 3 h behind: late
+                               record(camera("cam-0004", at("10:30")))])    # 1.5 h behind: in time
+    second = run_silver(spark, cfg)
+    assert set(first).isdisjoint(second)
+
+    starts = sorted(r.device_id for r in table(spark, cfg, "silver", "camera_events").collect())
+    assert starts == ["cam-0001", "cam-0002", "cam-0004"]
+    assert table(spark, cfg, "silver", "quarantine").count() == 0   # late is dropped, not quarantined
+    books = books_by_batch(spark, cfg)
+    assert_identities(books)
+    assert totals(books, second) == {
+        "records_in": 2, "records_parsed": 2, "records_quarantined_unparsed": 0, "events_parsed": 2,
+        "events_written": 1, "events_quarantined": 0, "duplicates_dropped": 0, "late_dropped": 1}
+
+
+def test_accounting_adds_up_for_every_batch_of_a_messy_stream(spark, lake):
+    cfg = lake
+    bad_time = camera("cam-0004", at("10:05"), has_person="maybe")
+    backwards = camera("cam-0003", at("10:10"), at("10:09"))            # dq quarantine
+    e = camera("cam-0001", at("10:00"))
+    append_bronze(spark, cfg, [record(e, camera("cam-0002", at("10:00"))), record(e), "", "{broken",
+                               record(bad_time, camera("cam-0003", at("10:04"))), record(backwards),
+                               json.dumps({"devices": {}})])
+    first = run_silver(spark, cfg)
+    append_bronze(spark, cfg, [record(e, camera("cam-0002", at("13:00"))), record(camera("cam-0004", at("08:00"))),
+                               "[]", None])
+    second = run_silver(spark, cfg)
+    third = run_silver(spark, cfg)          # nothing new: may run a no-data batch or none
+
+    books = books_by_batch(spark, cfg)
+    assert sorted(books) == sorted(first + second + third)
+    assert_identities(books)
+    assert totals(books, first) == {
+        "records_in": 7, "records_parsed": 4, "records_quarantined_unparsed": 3, "events_parsed": 6,
+        "events_written": 3, "events_quarantined": 2, "duplicates_dropped": 1, "late_dropped": 0}
+    assert totals(books, second) == {
+        "records_in": 4, "records_parsed": 2, "records_quarantined_unparsed": 2, "events_parsed": 3,
+        "events_written": 1, "events_quarantined": 0, "duplicates_dropped": 1, "late_dropped": 1}
+    assert totals(books, third)["records_in"] == 0
+    for b in books.values():
+        assert b["rows_written"] == b["events_written"] and b["batch_ms"] is not None
+    assert table(spark, cfg, "silver", "camera_events").count() == 4
+    assert table(spark, cfg, "silver", "quarantine").count() == 3 + 2 + 2
+
+
+# --- idempotent retries --------------------------------------------------------------------
+
+def test_a_retried_micro_batch_writes_nothing_twice(spark, lake):
+    cfg = lake
+    append_bronze(spark, cfg, [record(camera("cam-0001", at("10:00")), camera("cam-0002", at("10:01"))),
+                               "{broken", record(camera("cam-0003", at("10:10"), at("10:09")))])
+    batches = run_silver(spark, cfg)
+    data_batch = min(batches)
+    before = snapshot(spark, cfg)
+    assert [len(before[t][0]) for t in ("camera_events", "quarantine")] == [2, 2]
+    assert len(before["dq_results"][0]) == len(SUITE_RULES) * len(batches)
+
+    # The foreachBatch body exactly as start() builds it, fed the same batch again, as Spark
+    # does when a batch is retried after a crash between the writes and the commit.
+    suite = load_suites(cfg.silver.expectations)["silver.camera_events"]
+    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)
+    body = SilverBatch(spark, cfg, suite, books)
+    bronze = table(spark, cfg, "bronze", "events")
+    batch = T.deduplicate(T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds),
+                          cfg.silver.dedup_watermark.spark())
+    body(batch, data_batch)
+    body(batch, data_batch)
+    assert snapshot(spark, cfg) == before
+
+    # The same call under a batch id never committed does write: the guard above is real.
+    body(batch, data_batch + 100)
+    after = snapshot(spark, cfg)
+    assert len(after["camera_events"][0]) == 4 and len(after["quarantine"][0]) == 4
+
+
+# --- quality gate --------------------------------------------------------------------------
+
+def strict_rules(regex: str) -> list[dict]:
+    return [{"name": "event_id_present", "expectation": "expect_column_values_to_not_be_null",
+             "kwargs": {"column": "event_id"}, "policy": "fail"},
+            {"name": "registered_cameras_only", "expectation": "expect_column_values_to_match_regex",
+             "kwargs": {"column": "device_id", "regex": regex}, "policy": "fail"}]
+
+
+def test_a_fail_rule_stops_the_query_and_the_batch_is_replayed_after_the_fix(spark, lake, tmp_path):
+    cfg = lake
+    strict = load_suites(write_suite(tmp_path / "strict.yaml", strict_rules("^cam-[0-9]{4}$")))
+    fixed = load_suites(write_suite(tmp_path / "fixed.yaml", strict_rules("^cam-x?[0-9]{3,4}$")))
+    strict, fixed = strict["silver.camera_events"], fixed["silver.camera_events"]
+
+    append_bronze(spark, cfg, [record(camera("cam-0001", at("10:00")))])
+    run_silver(spark, cfg, strict)
+    assert len(silver_ids(spark, cfg)) == 1
+    committed = {int(p.name) for p in (Path(cfg.checkpoint(QUERY)) / "commits").iterdir() if p.name.isdigit()}
+
+    append_bronze(spark, cfg, [record(camera("cam-0002", at("10:05")), camera("cam-x001", at("10:06"))),
+                               record(camera("cam-0003", at("10:07")))])
+    with pytest.raises(StreamingQueryException) as failure:
+        run_silver(spark, cfg, strict)
+    failed_batch = max(committed) + 1
+    message = str(failure.value)
+    assert "quality gate failed" in message
+    assert "registered_cameras_only" in message
+    assert f"batch {failed_batch}," in message
+    assert "cam-x001" in message                              # a sample of the offending rows
+    assert "1 of 3 rows unexpected" in message
+    assert len(silver_ids(spark, cfg)) == 1                   # nothing of the failed batch
+    assert table(spark, cfg, "silver", "camera_events").where(f"silver_batch_id = {failed_batch}").count() == 0
+
+    # More data arrives while the job is down; then the rule is fixed and the job restarted.
+    append_bronze(spark, cfg, [record(camera("cam-0004", at("10:08")))])
+    resumed = run_silver(spark, cfg, fixed)
+    assert failed_batch in resumed
+
+    silver = table(spark, cfg, "silver", "camera_events")
+    assert sorted(r.device_id for r in silver.collect()) == \
+        ["cam-0001", "cam-0002", "cam-0003", "cam-0004", "cam-x001"]
+    assert silver.select("event_id").distinct().count() == 5
+    replayed = {r.device_id for r in silver.where(f"silver_batch_id = {failed_batch}").collect()}
+    assert replayed == {"cam-0002", "cam-0003", "cam-x001"}   # the same batch, not a new one
+
+    dq = table(spark, cfg, "ops", "dq_results").where(f"batch_id = {failed_batch}")
+    attempts = sorted((r.expectation, r.success) for r in dq.collect())
+    assert attempts == [("event_id_present", True), ("event_id_present", True),
+                        ("registered_cameras_only", False), ("registered_cameras_only", True)]
+    assert_identities(books_by_batch(spark, cfg))
+
+
+def test_quarantine_rules_divert_rows_with_dq_reasons_and_results_are_recorded(spark, lake):
+    cfg = lake
+    good = [camera("cam-0001", at("10:00")), camera("cam-0002", at("10:01")), camera("cam-x001", at("10:02"))]
+    backwards = camera("cam-0003", at("10:10"), at("10:09"))
+    two_days = camera("cam-0004", at("10:20"), "2026-11-03T10:20:00.000Z")
+    bad_name = camera("cam 0005", at("10:30"))
+    append_bronze(spark, cfg, [record(*good), record(backwards, two_days), record(bad_name), "{broken"])
+    batches = run_silver(spark, cfg)
+
+    silver = table(spark, cfg, "silver", "camera_events")
+    assert sorted(r.device_id for r in silver.collect()) == ["cam-0001", "cam-0002", "cam-x001"]
+    unknown = silver.where("device_id = 'cam-x001'").first()
+    assert unknown.zip_code is None and unknown.unknown_device is True   # warn rule: kept
+
+    q = {r.device_id: r for r in table(spark, cfg, "silver", "quarantine").collect()}
+    assert sorted(q, key=str) == sorted(["cam-0003", "cam-0004", "cam 0005", None], key=str)
+    assert list(q["cam-0003"].reasons) == ["dq:event_duration_plausible", "dq:event_ends_after_start"]
+    assert list(q["cam-0004"].reasons) == ["dq:event_duration_plausible"]
+    assert list(q["cam 0005"].reasons) == ["dq:device_id_well_formed"]
+    assert list(q[None].reasons) == ["malformed_json"]
+    for device in ("cam-0003", "cam-0004", "cam 0005"):
+        assert q[device].event_id is not None and q[device].raw.startswith('{"devices"')
+        assert q[device].batch_id == min(batches)
+
+    # ops.dq_results: one row per expectation per batch, empty batches included.
+    dq = table(spark, cfg, "ops", "dq_results").collect()
+    assert sorted((r.batch_id, r.expectation) for r in dq) == \
+        sorted((b, name) for b in batches for name in SUITE_RULES)
+    first = {r.expectation: r for r in dq if r.batch_id == min(batches)}
+    assert {name: r.success for name, r in first.items()} == {
+        "event_id_present": True, "device_id_well_formed": False, "event_ends_after_start": False,
+        "event_duration_plausible": False, "device_location_known": False}
+    assert {name: r.policy for name, r in first.items()} == {
+        "event_id_present": "fail", "device_id_well_formed": "quarantine",
+        "event_ends_after_start": "quarantine", "event_duration_plausible": "quarantine",
+        "device_location_known": "warn"}
+    assert first["event_duration_plausible"].unexpected_count == 2
+    assert all(r.element_count == 6 and r.query == QUERY and r.table_name == "silver.camera_events"
+               for r in first.values())
+
+    books = books_by_batch(spark, cfg)
+    assert_identities(books)
+    assert totals(books, batches)["events_quarantined"] == 3
+
+
+# --- device locations ----------------------------------------------------------------------
+
+def test_a_locations_update_applies_to_later_batches_of_a_running_query(spark, cfg, env, tmp_path):
+    live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second"})
+    write_locations(live.locations_csv)
+    append_bronze(spark, live, [record(camera("cam-x001", at("10:00")), camera("cam-0001", at("10:00")))])
+    query, books = start(spark, live)
+    try:
+        query.processAllAvailable()
+        assert seed(spark, live, write_locations(tmp_path / "more.csv",
+                                                 [*KNOWN, ("cam-x001", "02108", "Boston", "MA")])) == 5
+        append_bronze(spark, live, [record(camera("cam-x001", at("10:30")))])
+        query.processAllAvailable()
+        assert query.isActive
+    finally:
+        query.stop()
+    books(query)
+
+    rows = {r.key: r for r in table(spark, live, "silver", "camera_events")
+            .selectExpr("concat(date_format(start_time, 'HH:mm'), ' ', device_id) AS key", "*").collect()}
+    assert sorted(rows) == ["10:00 cam-0001", "10:00 cam-x001", "10:30 cam-x001"]
+    before, after = rows["10:00 cam-x001"], rows["10:30 cam-x001"]
+    assert (before.zip_code, before.unknown_device) == (None, True)
+    assert (after.zip_code, after.city, after.unknown_device) == ("02108", "Boston", False)
+    assert after.silver_batch_id > before.silver_batch_id
+    assert rows["10:00 cam-0001"].zip_code == "02108"
+    assert_identities(books_by_batch(spark, live))
+
+
+# --- end to end on generated data ----------------------------------------------------------
+
+def test_generated_data_end_to_end(spark, cfg, env, tmp_path, monkeypatch):
+    from bronze import generator as gen
+    from bronze.job import start as start_bronze
+
+    for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LAKEHOUSE_ROOT", env["LAKEHOUSE_ROOT"])
+    manifest_path = tmp_path / "manifest.json"
+    assert gen.main(["-n", "3000", "--seed", "11", "--malformed-rate", "0.03",
+                     "--manifest", str(manifest_path)]) == 0
+    m = json.loads(manifest_path.read_text())
+    assert m["duplicates"] > 0 and m["late"] > 0 and m["malformed"] >= 7
+
+    start_bronze(spark, cfg, "files").awaitTermination()
+    assert table(spark, cfg, "bronze", "events").count() == m["records"]
+    batches = run_silver(spark, cfg)
+
+    silver = table(spark, cfg, "silver", "camera_events")
+    n = silver.count()
+    assert silver.select("event_id").distinct().count() == n, "duplicate event_id in silver"
+    # Every generated event is valid (malformed lines are extra records): with all of bronze in
+    # one micro-batch nothing is behind the watermark, so silver holds every event exactly once.
+    assert n == m["events"]
+    unknown = silver.where("unknown_device").collect()
+    assert unknown and all(r.device_id.startswith("cam-x") and r.zip_code is None for r in unknown)
+    assert silver.where("NOT unknown_device AND zip_code IS NULL").count() == 0
+
+    quarantine = table(spark, cfg, "silver", "quarantine")
+    assert quarantine.where("size(reasons) = 0").count() == 0
+    assert quarantine.count() == m["malformed"]
+    reasons = {r.reason: r.n for r in quarantine.selectExpr("explode(reasons) AS reason")
+               .groupBy("reason").count().withColumnRenamed("count", "n").collect()}
+    k = m["malformed_kinds"]
+    assert reasons == {key: value for key, value in {
+        "malformed_json": k["very_long"] + k["truncated"] + k["non_utf8"],
+        "empty_record": k["empty_line"],
+        "wrong_type:has_person": k["bad_type_person"],
+        "bad_timestamp:start_time": k["bad_type_time"],
+        "missing_field:device_id": k["missing_device_id"]}.items() if value}
+
+    books = books_by_batch(spark, cfg)
+    assert sorted(books) == sorted(batches)
+    assert_identities(books)
+    sums = totals(books, batches)
+    assert sums["records_in"] == m["records"]
+    assert sums["records_parsed"] == m["valid"] + m["duplicates"] + k["bad_type_person"] \
+        + k["bad_type_time"] + k["missing_device_id"]
+    assert sums["events_written"] == m["events"]
+    assert sums["late_dropped"] == 0
+    assert sums["events_quarantined"] == k["bad_type_person"] + k["bad_type_time"] + k["missing_device_id"]
+    assert sums["duplicates_dropped"] >= m["duplicates"]
