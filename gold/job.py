@@ -24,6 +24,7 @@ from common import accounting
 from common.config import ConfigError, load_config
 from common.delta import ensure_table
 from common.quality import QualityGate, SuiteError, check, load_suites
+from common.schemas import DQ_RESULTS
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
                               await_queries, batch_watermark_ms, fail, failure_message, trigger)
 from gold import sessions as S
@@ -132,6 +133,8 @@ def start(spark, cfg, only=None, suites=None):
         ensure_topic(cfg.kafka.bootstrap_servers, cfg.kafka.topics.stats,
                      cfg.kafka.topic_partitions, compacted=True)
     silver_schema = spark.read.format("delta").load(silver_path).schema
+    # Created up front: concurrent queries creating it on their first batch would conflict.
+    ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
     started = []
     for spec in TABLES:
         if only and spec.key not in only:
