@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -130,3 +131,22 @@ def failure_message(e: Exception) -> str:
         text = text[text.index(marker):]
         return text.split("\n\tat ")[0].split("JVM stacktrace")[0].split("\nTraceback")[0].rstrip()
     return text.split("\n\tat ")[0]
+
+
+def run_job(cfg: Config, app_name: str, body) -> int:
+    """Build the session, run body(spark), turn failures into an exit code and a message
+    (2: something the user can fix; 1: a query failed, e.g. a quality gate), stop Spark."""
+    from common.spark import build_spark
+
+    spark = build_spark(cfg, app_name)
+    try:
+        body(spark)
+    except JobError as e:
+        return fail(str(e))
+    except Exception as e:
+        if os.environ.get("LAKEHOUSE_DEBUG"):
+            raise
+        return fail(failure_message(e), 1)
+    finally:
+        spark.stop()
+    return 0

@@ -26,7 +26,7 @@ from common.delta import ensure_table
 from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import DQ_RESULTS
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, batch_watermark_ms, fail, failure_message, trigger)
+                              await_queries, batch_watermark_ms, fail, run_job, trigger)
 from gold import sessions as S
 from gold import transform as T
 
@@ -172,28 +172,17 @@ def main(argv=None) -> int:
         return fail(str(e))
     stop = GracefulStop()
     stop.install()
-    from common.spark import build_spark
-
-    spark = build_spark(cfg, "gold")
-    try:
+    def body(spark):
         pairs = start(spark, cfg, only, suites)
         books = {q.name: b for q, b in pairs}
-        print(f"gold: silver.camera_events -> {', '.join('gold.' + t.table for t in TABLES if not only or t.key in only)} "
-              f"({cfg.streaming.trigger})", flush=True)
+        names = [f"gold.{t.table}" for t in TABLES if not only or t.key in only]
+        print(f"gold: silver.camera_events -> {', '.join(names)} ({cfg.streaming.trigger})", flush=True)
         await_queries([q for q, _ in pairs], stop, on_tick=lambda q: books[q.name](q))
-        for t in TABLES:
-            if not only or t.key in only:
-                n = spark.read.format("delta").load(cfg.table_path("gold", t.table)).count()
-                print(f"gold: gold.{t.table} holds {n} rows", flush=True)
-    except JobError as e:
-        return fail(str(e))
-    except Exception as e:
-        if os.environ.get("LAKEHOUSE_DEBUG"):
-            raise
-        return fail(failure_message(e), 1)
-    finally:
-        spark.stop()
-    return 0
+        for name in names:
+            n = spark.read.format("delta").load(cfg.table_path("gold", name.split(".")[1])).count()
+            print(f"gold: {name} holds {n} rows", flush=True)
+
+    return run_job(cfg, "gold", body)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from common.delta import ensure_table, idempotent_append
 from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, fail, failure_message, trigger)
+                              await_queries, fail, run_job, trigger)
 from silver import transform as T
 from silver.locations import ensure_seeded
 
@@ -146,24 +146,14 @@ def main(argv=None) -> int:
         return fail(f"{cfg.silver.expectations}: no suite for table silver.camera_events")
     stop = GracefulStop()
     stop.install()
-    from common.spark import build_spark
-
-    spark = build_spark(cfg, "silver")
-    try:
+    def body(spark):
         query, books = start(spark, cfg, suite)
         print(f"silver: bronze.events -> silver.camera_events ({cfg.streaming.trigger})", flush=True)
         await_queries([query], stop, on_tick=books)
         n = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
         print(f"silver: done; silver.camera_events holds {n} rows", flush=True)
-    except JobError as e:
-        return fail(str(e))
-    except Exception as e:  # a failed query: print the cause (e.g. the quality gate), not a trace
-        if os.environ.get("LAKEHOUSE_DEBUG"):
-            raise
-        return fail(failure_message(e), 1)
-    finally:
-        spark.stop()
-    return 0
+
+    return run_job(cfg, "silver", body)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import sys
 
 from common.config import ConfigError, load_config
 from common.delta import ensure_table
-from common.streaming import fail
+from common.streaming import JobError, fail, run_job
 
 SCHEMA = "device_id STRING NOT NULL, zip_code STRING, city STRING, state STRING"
 
@@ -25,7 +25,7 @@ def seed(spark, cfg, csv_path=None) -> int:
 
     path = csv_path or cfg.locations_csv
     if not path.is_file():
-        raise FileNotFoundError(f"device locations file {path} not found "
+        raise JobError(f"device locations file {path} not found "
                                 "(run `make generate`, or set REFERENCE_DIR)")
     table = ensure_table(spark, cfg, "silver", "device_locations", _parse_datatype_string(SCHEMA))
     rows = read_csv(spark, path).where("device_id IS NOT NULL").dropDuplicates(["device_id"])
@@ -55,17 +55,11 @@ def main(argv=None) -> int:
         return fail(str(e))
     from pathlib import Path
 
-    from common.spark import build_spark
-
-    spark = build_spark(cfg, "seed-locations")
-    try:
+    def body(spark):
         n = seed(spark, cfg, Path(args.csv) if args.csv else None)
         print(f"silver.device_locations: {n} devices")
-    except FileNotFoundError as e:
-        return fail(str(e))
-    finally:
-        spark.stop()
-    return 0
+
+    return run_job(cfg, "seed-locations", body)
 
 
 if __name__ == "__main__":
