@@ -14,16 +14,27 @@ from common.config import ConfigError, load_config
 from common.delta import ensure_table
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, fail, trigger)
+                              await_queries, fail, run_job, trigger)
 
 BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length LONG, content BINARY"
 QUERY_NAME = {"files": "bronze_files", "kafka": "bronze_kafka"}
 
 
-def file_stream(spark, cfg):
-    if not cfg.landing.is_dir():
+def preflight(cfg, source: str) -> None:
+    """Fail in seconds, before a Spark session is even started, when the source isn't there."""
+    if source == "files" and not cfg.landing.is_dir():
         raise JobError(f"landing folder {cfg.landing} does not exist "
                        "(set LANDING, or write files there with `make generate`)")
+    if source == "kafka":
+        from common.kafka_broker import BrokerError, wait_for_kafka
+
+        try:
+            wait_for_kafka(cfg.kafka.bootstrap_servers, cfg.kafka.connect_timeout.seconds)
+        except BrokerError as e:
+            raise JobError(f"{e} (set KAFKA_BOOTSTRAP, or start one with `make kafka-up`)") from None
+
+
+def file_stream(spark, cfg):
     from bronze.transform import lines_from_files
 
     raw = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
@@ -36,13 +47,8 @@ def file_stream(spark, cfg):
 
 
 def kafka_stream(spark, cfg):
-    from common.kafka_broker import BrokerError, wait_for_kafka
     from bronze.transform import rows_from_kafka
 
-    try:
-        wait_for_kafka(cfg.kafka.bootstrap_servers, cfg.kafka.connect_timeout.seconds)
-    except BrokerError as e:
-        raise JobError(f"{e} (set KAFKA_BOOTSTRAP, or start one with `make kafka-up`)") from None
     src = cfg.kafka.source
     raw = (spark.readStream.format("kafka")
            .option("kafka.bootstrap.servers", cfg.kafka.bootstrap_servers)
@@ -55,6 +61,7 @@ def kafka_stream(spark, cfg):
 
 
 def start(spark, cfg, source: str):
+    preflight(cfg, source)
     path = ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION)
     rows = file_stream(spark, cfg) if source == "files" else kafka_stream(spark, cfg)
     name = QUERY_NAME[source]
@@ -90,12 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(env=env)
     except ConfigError as e:
         return fail(str(e))
+    try:
+        preflight(cfg, cfg.bronze.source)
+    except JobError as e:
+        return fail(str(e))
     stop = GracefulStop()
     stop.install()
-    from common.spark import build_spark
 
-    spark = build_spark(cfg, "bronze")
-    try:
+    def body(spark):
         query = start(spark, cfg, cfg.bronze.source)
         print(f"bronze: {cfg.bronze.source} -> {cfg.table_path('bronze', 'events')} "
               f"({cfg.streaming.trigger})", flush=True)
@@ -109,11 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             await_queries([start(spark, cfg, "kafka")], stop)
         rows = spark.read.format("delta").load(cfg.table_path("bronze", "events")).count()
         print(f"bronze: done; bronze.events holds {rows} rows", flush=True)
-    except JobError as e:
-        return fail(str(e))
-    finally:
-        spark.stop()
-    return 0
+
+    return run_job(cfg, "bronze", body)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,9 @@ def wait_for_kafka(bootstrap: str, timeout: float) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000})
+    # log_level 0: the error we raise names the address; librdkafka would log each retry too.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000,
+                         "log_level": 0})
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
