@@ -35,9 +35,12 @@ $(PY_STAMP): pyproject.toml
 $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/settings.xml
 	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the JVM jars"; exit 1; }
 	@command -v java >/dev/null || { echo "error: a JDK 17 (java) is required"; exit 1; }
-	rm -rf $(CACHE)/jars/spark $(CACHE)/jars/kafka
-	$(MVN) -f jvm/spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/spark
-	$(MVN) -f jvm/kafka-broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/kafka
+	@# Fetch beside the live folders and swap at the end, so running jobs never see a half-empty cache.
+	rm -rf $(CACHE)/jars/.new && mkdir -p $(CACHE)/jars/.new
+	$(MVN) -f jvm/spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/spark
+	$(MVN) -f jvm/kafka-broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/kafka
+	for d in spark kafka; do rm -rf $(CACHE)/jars/$$d && mv $(CACHE)/jars/.new/$$d $(CACHE)/jars/$$d; done
+	rm -rf $(CACHE)/jars/.new
 	@touch $@
 
 test: setup ## Run the whole test suite (real Spark, Delta and Kafka)
