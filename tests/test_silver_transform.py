@@ -275,18 +275,22 @@ def test_join_locations_keeps_unknown_devices_and_zip_codes_as_text(spark, cfg, 
     csv = tmp_path / "locations.csv"
     csv.write_text("device_id,zip_code,city,state\n"
                    "cam-0001,02108,Boston,MA\n"
-                   "cam-0002,94105,San Francisco,CA\n")
-    assert seed(spark, cfg, csv) == 2
+                   "cam-0002,94105,San Francisco,CA\n"
+                   "cam-0003,,Springfield,\n")
+    assert seed(spark, cfg, csv) == 3
     locations = spark.read.format("delta").load(cfg.table_path("silver", "device_locations"))
     assert dict(locations.dtypes)["zip_code"] == "string"
 
-    parsed = parse(spark, silver_conf, [record(camera("cam-0001"), camera("cam-x001"))])
+    parsed = parse(spark, silver_conf, [record(camera("cam-0001"), camera("cam-x001"), camera("cam-0003"))])
     joined = T.join_locations(T.accepted(parsed), locations)
     rows = {r.device_id: r for r in joined.collect()}
-    assert sorted(rows) == ["cam-0001", "cam-x001"]
+    assert sorted(rows) == ["cam-0001", "cam-0003", "cam-x001"]
     known, unknown = rows["cam-0001"], rows["cam-x001"]
     assert (known.zip_code, known.city, known.state, known.unknown_device) == ("02108", "Boston", "MA", False)
     assert (unknown.zip_code, unknown.city, unknown.state, unknown.unknown_device) == (None, None, None, True)
+    # A listed device whose row lacks a zip code is known, just without a zip.
+    assert (rows["cam-0003"].zip_code, rows["cam-0003"].city, rows["cam-0003"].unknown_device) == \
+        (None, "Springfield", False)
 
     silver = T.to_silver(joined, 42)
     types = dict(silver.dtypes)
