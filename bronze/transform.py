@@ -27,13 +27,15 @@ def lines_from_files(files: DataFrame) -> DataFrame:
     A final newline ends the last line rather than starting an empty one; every other empty
     line is a record of its own (it arrived, so bronze keeps it).
     """
-    lines = files.select(
-        "path", "modificationTime",
-        F.posexplode(F.split(F.decode("content", _LOSSLESS), "\n", -1)).alias("pos", "text"),
-        F.size(F.split(F.decode("content", _LOSSLESS), "\n", -1)).alias("n_parts"),
-    )
-    trailing_newline_part = (F.col("pos") == F.col("n_parts") - 1) & (F.col("text") == "")
-    out = (lines.where(~trailing_newline_part)
+    # Split once per file in its own projection, then explode: referencing the split next to
+    # the generator made Spark re-split the whole file for every line it emitted (quadratic).
+    split = files.select("path", "modificationTime",
+                         F.split(F.decode("content", _LOSSLESS), "\n", -1).alias("parts"))
+    parts = F.col("parts")
+    lines = F.when(F.element_at(parts, -1) == "", F.slice(parts, 1, F.size(parts) - 1)).otherwise(parts)
+    files_with_lines = split.select("path", "modificationTime", lines.alias("lines"))
+    out = (files_with_lines.select("path", "modificationTime",
+                                   F.posexplode("lines").alias("pos", "text"))
            .select(
                F.encode("text", _LOSSLESS).cast("string").alias("raw"),
                F.lit("file").alias("source"),
