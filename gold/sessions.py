@@ -91,8 +91,9 @@ def make_session_updater(gap_seconds: float):
                    for i in sorted(absorbed)])
         if still_open:
             state.update((json.dumps(still_open),))
-            # Fires once the watermark passes the earliest possible close.
-            state.setTimeoutTimestamp(min(s["end"] for s in still_open) + gap_ms)
+            # Fires once the watermark reaches the earliest possible close (end + gap <= watermark,
+            # as above); Spark times a key out only when its timestamp is strictly behind it.
+            state.setTimeoutTimestamp(min(s["end"] for s in still_open) + gap_ms - 1)
         elif state.exists:
             state.remove()
         if rows:

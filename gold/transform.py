@@ -61,5 +61,7 @@ def sightings_kafka_records(updates: DataFrame) -> DataFrame:
     key = F.to_json(F.struct(
         "zip_code",
         F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start"),
-        F.date_format("window_end", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_end")))
+        F.date_format("window_end", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_end")),
+        # Keep "zip_code": null for unknown devices: every key has the same three fields.
+        {"ignoreNullFields": "false"})
     return updates.select(key.alias("key"), F.col("sightings").cast("string").alias("value"))

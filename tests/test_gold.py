@@ -1,0 +1,792 @@
+"""Gold: silver.camera_events -> hourly sightings, sliding device activity, device sessions.
+
+Silver is written directly as a Delta table (the silver job is not run); gold runs as the real
+streaming queries of gold.job with their checkpoints, available-now, once per append. Each
+append therefore becomes one micro-batch (plus the no-data batch Spark runs when the watermark
+moves), and appending events older than earlier batches' maximum, but within the one-hour
+watermark, feeds gold out of order. Every result is checked against a plain batch computation
+over the silver table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
+
+from common.config import TABLES as ALL_TABLES
+from common.config import load_config
+from common.quality import load_suites
+from common.streaming import JobError, batch_watermark_ms
+from gold import sessions as S
+from gold import transform as T
+from gold.job import TABLES, GoldBatch, start
+
+T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+T0_MS = int(T0.timestamp() * 1000)
+MIN = 60_000                       # one minute in ms
+HOUR = 60 * MIN
+GAP_MS = 30 * MIN                  # conf: gold.session_gap
+WATERMARK_MS = HOUR                # conf: gold.watermark
+SPEC = {t.key: t for t in TABLES}
+QUERY = {t.key: t.query for t in TABLES}
+SESSION_COLS = ["device_id", "session_start", "session_end", "events", "person_events", "motion_events"]
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def lakehouse_cfg(root: Path, **overrides: str):
+    """A config for a lakehouse under root, like the `cfg` fixture, plus LAKEHOUSE__... overrides."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")
+           and not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(root / "lakehouse"), KAFKA_DATA_DIR=str(root / "kafka"), **overrides)
+    return load_config(env=env)
+
+
+def drop_names(spark) -> None:
+    """Forget table names registered for a lakehouse root (names are per process)."""
+    for layer, tables in ALL_TABLES.items():
+        for table in tables:
+            spark.sql(f"DROP TABLE IF EXISTS {layer}.{table}")
+
+
+_SCHEMA = {}
+
+
+def silver_schema(spark):
+    if "silver" not in _SCHEMA:
+        from silver.job import output_schemas
+
+        _SCHEMA["silver"], _ = output_schemas(spark)
+    return _SCHEMA["silver"]
+
+
+def ev(event_id: str, device_id: str, t_ms: int, *, person=False, motion=False, sound=False,
+       zip_code: str | None = "94105", unknown=False) -> dict:
+    """One silver event, times in ms since T0."""
+    return dict(event_id=event_id, device_id=device_id, t=t_ms, person=person, motion=motion,
+                sound=sound, zip_code=zip_code, unknown=unknown)
+
+
+def silver_rows(spark, events: list[dict], batch_id: int = 0) -> list[tuple]:
+    schema = silver_schema(spark)
+    rows = []
+    for e in events:
+        t = T0 + timedelta(milliseconds=e["t"])
+        d = {f.name: None for f in schema.fields}
+        d.update(event_id=e["event_id"], device_id=e["device_id"], name=f"cam {e['device_id']}",
+                 is_online=True, has_sound=e["sound"], has_motion=e["motion"],
+                 has_person=e["person"], start_time=t, end_time=t, duration_seconds=0.0,
+                 event_time=t, event_date=t.date(), zip_code=e["zip_code"],
+                 unknown_device=e["unknown"], bronze_source="file",
+                 bronze_file_path="file:/landing/test.json", bronze_line_number=1,
+                 bronze_ingest_time=t, silver_batch_id=batch_id)
+        rows.append(tuple(d[f.name] for f in schema.fields))
+    return rows
+
+
+def append_silver(spark, cfg, events: list[dict], batch_id: int = 0) -> None:
+    """Append events to silver.camera_events as one Delta commit (one gold micro-batch)."""
+    (spark.createDataFrame(silver_rows(spark, events, batch_id), silver_schema(spark))
+     .write.format("delta").mode("append").partitionBy("event_date")
+     .save(cfg.table_path("silver", "camera_events")))
+
+
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+def run_gold(spark, cfg, only=None, suites=None, no_data_batch=True) -> dict[str, list[dict]]:
+    """Start gold (available-now), wait for every query, record accounting.
+    Returns, per query name, the progress of the micro-batches this run executed.
+
+    After its data batch, an available-now run also runs a no-data batch once the watermark
+    has moved (to finalize windows and time out sessions). That batch costs as much as a data
+    batch here, so runs that only feed the next one can skip it (no_data_batch=False): the next
+    data batch then runs with the same watermark and does the finalizing and timeouts itself,
+    as under a continuous stream. Each query copies the session conf when it starts."""
+    previous = spark.conf.get(NO_DATA_BATCHES)
+    spark.conf.set(NO_DATA_BATCHES, str(no_data_batch).lower())
+    try:
+        pairs = start(spark, cfg, only=only, suites=suites)
+    finally:
+        spark.conf.set(NO_DATA_BATCHES, previous)
+    try:
+        for query, _ in pairs:
+            query.awaitTermination()
+    finally:
+        for query, books in pairs:
+            if query.isActive:
+                query.stop()
+            books(query)
+    from common.accounting import executed_batches
+
+    return {q.name: executed_batches(q) for q, _ in pairs}
+
+
+def data_batch(progress: list[dict]) -> int:
+    """The one batch of a run that read input (the others are no-data watermark batches)."""
+    ids = [p["batchId"] for p in progress if p["numInputRows"] > 0]
+    assert len(ids) == 1, f"expected one data batch, got {[(p['batchId'], p['numInputRows']) for p in progress]}"
+    return ids[0]
+
+
+def read(spark, cfg, layer: str, table: str):
+    return spark.read.format("delta").load(cfg.table_path(layer, table))
+
+
+def silver(spark, cfg):
+    return read(spark, cfg, "silver", "camera_events")
+
+
+def bag(df, cols) -> Counter:
+    """Rows as a multiset, timestamps as epoch ms (no time-zone conversion on collect)."""
+    sel = [F.unix_millis(c).alias(c) if isinstance(df.schema[c].dataType, TimestampType) else F.col(c)
+           for c in cols]
+    return Counter(tuple(r) for r in df.select(*sel).collect())
+
+
+def assert_same_bag(actual: Counter, expected: Counter, what: str) -> None:
+    missing, extra = expected - actual, actual - expected
+    assert not missing and not extra, (f"{what}: {sum(missing.values())} expected rows missing "
+                                       f"{sorted(missing)[:8]}, {sum(extra.values())} unexpected "
+                                       f"{sorted(extra)[:8]}")
+
+
+def assert_one_row_per_key(df, keys) -> None:
+    dupes = df.groupBy(*keys).count().where("count > 1").limit(5).collect()
+    assert not dupes, f"several rows for key {keys}: {dupes}"
+
+
+def watermarks(cfg, query: str) -> dict[int, int]:
+    """batch id -> the event-time watermark Spark used for it (from the offset log)."""
+    checkpoint = cfg.checkpoint(query)
+    return {int(f.name): batch_watermark_ms(checkpoint, int(f.name))
+            for f in (Path(checkpoint) / "offsets").iterdir() if f.name.isdigit()}
+
+
+def final_watermark(cfg, query: str) -> int:
+    marks = watermarks(cfg, query)
+    return marks[max(marks)]
+
+
+def committed_batches(cfg, query: str) -> list[int]:
+    commits = Path(cfg.checkpoint(query)) / "commits"
+    return sorted(int(f.name) for f in commits.iterdir() if f.name.isdigit()) if commits.is_dir() else []
+
+
+# Expected aggregates computed in plain Python over silver rows (independent of Spark windows).
+
+def expected_sightings(rows) -> dict:
+    out: dict = {}
+    for r in rows:
+        hour = T0_MS + r["t"] // HOUR * HOUR
+        key = (hour, hour + HOUR, r["zip_code"], r["unknown"])
+        s, n = out.get(key, (0, 0))
+        out[key] = (s + int(bool(r["person"])), n + 1)
+    return out
+
+
+def expected_activity(rows, window=10 * MIN, slide=5 * MIN) -> dict:
+    out: dict = {}
+    for r in rows:
+        t = T0_MS + r["t"]
+        first = t // slide * slide
+        for start in range(first, t - window, -slide):
+            key = (start, start + window, r["device_id"])
+            c = out.get(key, (0, 0, 0, 0))
+            out[key] = (c[0] + 1, c[1] + int(bool(r["motion"])), c[2] + int(bool(r["sound"])),
+                        c[3] + int(bool(r["person"])))
+    return out
+
+
+def silver_events(spark, cfg, exclude=()) -> list[dict]:
+    """silver.camera_events read back, as ev() dicts."""
+    df = silver(spark, cfg).select("event_id", "device_id", (F.unix_millis("event_time") - T0_MS).alias("t"),
+                                   "has_person", "has_motion", "has_sound", "zip_code", "unknown_device")
+    return [ev(r.event_id, r.device_id, r.t, person=r.has_person, motion=r.has_motion,
+               sound=r.has_sound, zip_code=r.zip_code, unknown=r.unknown_device)
+            for r in df.collect() if r.event_id not in set(exclude)]
+
+
+def gold_sightings(spark, cfg) -> dict:
+    df = read(spark, cfg, "gold", "zip_hourly_sightings")
+    return {(s, e, z, u): (n, c) for (s, e, z, u, n, c) in
+            bag(df, ["window_start", "window_end", "zip_code", "unknown_device", "sightings", "events"])}
+
+
+def gold_activity(spark, cfg) -> dict:
+    df = read(spark, cfg, "gold", "device_activity")
+    return {(s, e, d): (n, m, so, p) for (s, e, d, n, m, so, p) in
+            bag(df, ["window_start", "window_end", "device_id", "events", "motion_events",
+                     "sound_events", "person_events"])}
+
+
+def rel(d: dict) -> dict:
+    """Window keys in minutes since T0, for readable assertion messages."""
+    return {((k[0] - T0_MS) // MIN, (k[1] - T0_MS) // MIN, *k[2:]): v for k, v in d.items()}
+
+
+def assert_dicts_equal(actual: dict, expected: dict, what: str) -> None:
+    if actual != expected:
+        a, e = rel(actual), rel(expected)
+        diff = {k: (a.get(k), e.get(k)) for k in set(a) | set(e) if a.get(k) != e.get(k)}
+        pytest.fail(f"{what}: {len(diff)} keys differ (key: (gold, expected)): {sorted(diff.items(), key=str)[:10]}")
+
+
+# --- windowed aggregates, late events, finalized, dq results: one lakehouse, two appends -------
+
+DEVICES = {"a1": ("94105", False), "a2": ("94105", False), "b1": ("10001", False),
+           "b2": ("10001", False), "u1": (None, True)}
+T_MAX1 = 200 * MIN                    # event-time maximum of the first batch
+LATE = [ev("late-1", "a1", T_MAX1 - 3 * HOUR, person=True, zip_code="94105"),
+        ev("late-2", "b1", T_MAX1 - 3 * HOUR + 5 * MIN, person=True, motion=True, sound=True,
+           zip_code="10001")]
+
+
+def windowed_batches(seed: int = 11) -> list[list[dict]]:
+    rng = random.Random(seed)
+
+    def rand_ev(prefix, device, lo_min, hi_min):
+        zip_code, unknown = DEVICES[device]
+        return ev(f"{prefix}-{uuid.UUID(int=rng.getrandbits(128))}", device,
+                  rng.randrange(lo_min * MIN, hi_min * MIN, 1000),
+                  person=rng.random() < 0.5, motion=rng.random() < 0.6, sound=rng.random() < 0.3,
+                  zip_code=zip_code, unknown=unknown)
+
+    first = [rand_ev("b1", d, 0, 195) for d in DEVICES for _ in range(10)]
+    first.append(ev("b1-max", "a1", T_MAX1, person=True))
+    # Second batch: out of order (older than the first batch's max, within the 1 hour watermark),
+    # so windows of the first batch get updated, newer events, and two events 3 hours late.
+    second = ([rand_ev("b2-old", d, 145, 200) for d in DEVICES for _ in range(4)]
+              + [rand_ev("b2-new", d, 200, 290) for d in DEVICES for _ in range(5)]
+              + LATE)
+    rng.shuffle(second)
+    return [first, second]
+
+
+@pytest.fixture(scope="module")
+def windowed(spark, tmp_path_factory):
+    """All three gold queries over two appends; the second has out-of-order and late events.
+    Sessions here use a 20 minute gap, from the environment, to show the setting is honoured."""
+    cfg = lakehouse_cfg(tmp_path_factory.mktemp("gold-windowed"),
+                        LAKEHOUSE__GOLD__SESSION_GAP="20 minutes")
+    assert cfg.gold.session_gap.seconds == 20 * 60
+    batches = windowed_batches()
+    runs = []
+    for i, events in enumerate(batches):
+        append_silver(spark, cfg, events, batch_id=i)
+        # Every run keeps its no-data batch: Spark filters late events against the watermark
+        # of the previous batch, so the late events are only dropped if a batch ran with the
+        # watermark the first append set before they arrive.
+        runs.append(run_gold(spark, cfg))
+    yield cfg, batches, runs
+    drop_names(spark)
+
+
+def test_windowed_aggregates_equal_batch_computation(spark, windowed):
+    cfg, batches, _ = windowed
+    on_time = silver_events(spark, cfg, exclude={e["event_id"] for e in LATE})
+    first_ids = {e["event_id"] for e in batches[0]}
+    # The data really updates windows across batches (else this test proves little).
+    first = expected_sightings([e for e in on_time if e["event_id"] in first_ids])
+    final = expected_sightings(on_time)
+    assert any(k in first and first[k] != v for k, v in final.items())
+
+    assert_dicts_equal(gold_sightings(spark, cfg), final, "gold.zip_hourly_sightings vs silver")
+    assert_dicts_equal(gold_activity(spark, cfg), expected_activity(on_time),
+                       "gold.device_activity vs silver")
+    # MERGE sets the current value per key: never a second row for a window.
+    assert_one_row_per_key(read(spark, cfg, "gold", "zip_hourly_sightings"), SPEC["sightings"].keys)
+    assert_one_row_per_key(read(spark, cfg, "gold", "device_activity"), SPEC["activity"].keys)
+    # The unknown device's windows are kept, with a null zip code.
+    assert any(k[2] is None and k[3] for k in final)
+
+
+def test_windowed_aggregates_match_a_spark_group_by(spark, windowed):
+    """Same check with Spark batch group-bys over silver (hour truncation, explicit slides)."""
+    cfg, _, _ = windowed
+    late_ids = [e["event_id"] for e in LATE]
+    events = silver(spark, cfg).where(~F.col("event_id").isin(late_ids))
+    hourly = (events.groupBy(F.date_trunc("hour", "event_time").alias("window_start"), "zip_code",
+                             "unknown_device")
+              .agg(F.sum(F.col("has_person").cast("long")).alias("sightings"),
+                   F.count(F.lit(1)).alias("events")))
+    assert_same_bag(bag(read(spark, cfg, "gold", "zip_hourly_sightings"),
+                        ["window_start", "zip_code", "unknown_device", "sightings", "events"]),
+                    bag(hourly, ["window_start", "zip_code", "unknown_device", "sightings", "events"]),
+                    "hourly sightings")
+    slot = F.expr("timestamp_seconds(floor(unix_seconds(event_time) / 300) * 300)")
+    slides = events.withColumn("window_start", F.explode(F.array(slot, slot - F.expr("INTERVAL 5 MINUTES"))))
+    activity = (slides.groupBy("window_start", "device_id")
+                .agg(F.count(F.lit(1)).alias("events"),
+                     F.sum(F.col("has_motion").cast("long")).alias("motion_events"),
+                     F.sum(F.col("has_sound").cast("long")).alias("sound_events"),
+                     F.sum(F.col("has_person").cast("long")).alias("person_events")))
+    cols = ["window_start", "device_id", "events", "motion_events", "sound_events", "person_events"]
+    assert_same_bag(bag(read(spark, cfg, "gold", "device_activity"), cols), bag(activity, cols),
+                    "device activity")
+
+
+def test_late_events_are_dropped_and_accounted(spark, windowed):
+    cfg, batches, runs = windowed
+    late_ids = {e["event_id"] for e in LATE}
+    # The late events really are 3 hours behind what the first batch had already seen.
+    assert all(T_MAX1 - e["t"] >= 3 * HOUR - 5 * MIN for e in LATE)
+    assert max(e["t"] for e in batches[0]) == T_MAX1
+    acc = read(spark, cfg, "ops", "batch_accounting").where("layer = 'gold'")
+    for key in ("sightings", "activity", "sessions"):
+        query = QUERY[key]
+        batch_id = data_batch(runs[1][query])
+        row = acc.where(f"query = '{query}' AND batch_id = {batch_id}").collect()
+        assert len(row) == 1, f"{query} batch {batch_id}: accounting rows {row}"
+        assert row[0].late_dropped == len(LATE), row[0]
+        assert row[0].rows_in == len(batches[1]), row[0]
+        # The first batch dropped nothing.
+        first = acc.where(f"query = '{query}' AND batch_id = {data_batch(runs[0][query])}").collect()
+        assert len(first) == 1 and first[0].late_dropped == 0 and first[0].rows_in == len(batches[0])
+        # Every executed batch has exactly one accounting row.
+        counts = Counter(r.batch_id for r in acc.where(f"query = '{query}'").collect())
+        assert counts == Counter(committed_batches(cfg, query)), (query, counts)
+
+    on_time = silver_events(spark, cfg, exclude=late_ids)
+    assert len(on_time) == silver(spark, cfg).count() - len(LATE)
+    sightings, activity = gold_sightings(spark, cfg), gold_activity(spark, cfg)
+    assert sum(c for _, c in sightings.values()) == len(on_time)
+    assert sum(v[0] for v in activity.values()) == 2 * len(on_time)  # two sliding windows each
+    assert_dicts_equal(sightings, expected_sightings(on_time), "sightings without late events")
+    # The late events' windows exist from the first batch: they must not have been bumped.
+    late_hours = expected_sightings(LATE)
+    assert set(late_hours) <= set(sightings)
+    sessions = read(spark, cfg, "gold", "device_sessions")
+    on_time_df = silver(spark, cfg).where(~F.col("event_id").isin(list(late_ids)))
+    expected = bag(S.batch_sessions(on_time_df, 20 * 60), SESSION_COLS)
+    assert_same_bag(bag(sessions, SESSION_COLS), expected, "device sessions without late events")
+    assert expected != bag(S.batch_sessions(on_time_df, GAP_MS / 1000), SESSION_COLS)
+    assert sessions.agg(F.sum("events")).first()[0] == len(on_time)
+
+
+def test_windows_behind_the_watermark_are_finalized(spark, windowed):
+    cfg, _, _ = windowed
+    for key in ("sightings", "activity"):
+        wm = final_watermark(cfg, QUERY[key])
+        # The last batch ran with the watermark of all data seen: max event time - 1 hour.
+        assert wm == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
+        rows = bag(read(spark, cfg, "gold", SPEC[key].table), ["window_end", "finalized"])
+        wrong = [(end, fin) for (end, fin) in rows if fin != (end <= wm)]
+        assert not wrong, f"{key}: finalized flag wrong for (window_end, finalized) {wrong[:5]} (wm {wm})"
+        assert {fin for _, fin in rows} == {True, False}, f"{key}: want both final and open windows"
+
+
+def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
+    cfg, _, _ = windowed
+    suites = load_suites(cfg.gold.expectations)
+    dq = read(spark, cfg, "ops", "dq_results").collect()
+    for spec in TABLES:
+        rules = {r.name for r in suites[f"gold.{spec.table}"].rules}
+        batches = committed_batches(cfg, spec.query)
+        assert len(batches) >= 2
+        got = Counter((r.batch_id, r.expectation) for r in dq if r.query == spec.query)
+        assert got == Counter((b, name) for b in batches for name in rules), spec.query
+        mine = [r for r in dq if r.query == spec.query]
+        assert all(r.success and r.table_name == f"gold.{spec.table}" for r in mine)
+        # Data batches were really validated (element counts), no-data batches vacuously.
+        assert any((r.element_count or 0) > 0 for r in mine)
+
+
+class _Books:
+    def __init__(self):
+        self.stashed = {}
+
+    def stash(self, batch_id, **counts):
+        self.stashed[batch_id] = counts
+
+
+def _snapshot(spark, cfg, spec):
+    df = read(spark, cfg, "gold", spec.table)
+    return bag(df, df.columns)
+
+
+def test_gold_batch_is_idempotent(spark, windowed):
+    """A retried micro-batch (same DataFrame, same batch id) leaves one row per key, same values."""
+    from common.quality import QualityGate
+
+    cfg, _, _ = windowed
+    suites = load_suites(cfg.gold.expectations)
+    late_ids = [e["event_id"] for e in LATE]
+    on_time = silver(spark, cfg).where(~F.col("event_id").isin(late_ids))
+    for key in ("sightings", "activity"):
+        spec = SPEC[key]
+        before = _snapshot(spark, cfg, spec)
+        # What the query would hand foreachBatch if it recomputed every window now.
+        batch = spark.createDataFrame(spec.build(on_time, cfg).collect(),
+                                      spec.build(on_time, cfg).schema)
+        last = max(committed_batches(cfg, spec.query))
+        gold_batch = GoldBatch(spark, cfg, spec, QualityGate(suites[f"gold.{spec.table}"]), _Books())
+        for _ in range(2):
+            gold_batch(batch, last)
+            assert _snapshot(spark, cfg, spec) == before, f"{spec.table} changed on replay"
+        assert_one_row_per_key(read(spark, cfg, "gold", spec.table), spec.keys)
+        assert gold_batch.books.stashed[last]["rows_written"] == batch.count()
+
+    spec = SPEC["sessions"]
+    before = _snapshot(spark, cfg, spec)
+    current = read(spark, cfg, "gold", spec.table).collect()
+    # Replay every session as emitted, plus a 'merged' notice for a session gold never had.
+    ghost = {**current[0].asDict(), "session_id": "ghost@0", "status": "merged"}
+    batch = spark.createDataFrame([r.asDict() for r in current] + [ghost], S.OUTPUT_SCHEMA)
+    gold_batch = GoldBatch(spark, cfg, spec, None, _Books())
+    for _ in range(2):
+        gold_batch(batch, max(committed_batches(cfg, spec.query)))
+        assert _snapshot(spark, cfg, spec) == before, "device_sessions changed on replay"
+    assert_one_row_per_key(read(spark, cfg, "gold", spec.table), spec.keys)
+
+
+# --- sessions ----------------------------------------------------------------------------------
+
+# Delivery cut-offs (ms since T0): an event is appended in the batch its delivery time falls in.
+CUTS = [80 * MIN, 160 * MIN, 240 * MIN]
+MAX_DELAY = 50 * MIN          # < the 1 hour watermark: nothing is late
+BRIDGE = "cam-bridge"
+EDGE = "cam-edge"
+LAST_EVENT = 330 * MIN
+
+
+def session_events(seed: int = 7) -> list[dict]:
+    """Devices with gaps shorter and longer than 30 minutes, each event with a delivery delay."""
+    rng = random.Random(seed)
+    out = []
+    for d in range(5):
+        device = f"cam-{d}"
+        zip_code, unknown = (None, True) if d == 3 else (f"9410{d}", False)
+        t = rng.randrange(0, 20 * MIN, 1000)
+        while t < 300 * MIN:
+            e = ev(f"{device}-{len(out)}", device, t, person=rng.random() < 0.4,
+                   motion=rng.random() < 0.7, zip_code=zip_code, unknown=unknown)
+            # Half the events arrive at once, half up to MAX_DELAY late: out of order.
+            delay = rng.randrange(0, 5 * MIN, 1000) if rng.random() < 0.5 else \
+                rng.randrange(20 * MIN, MAX_DELAY, 1000)
+            e["delivery"] = t + delay
+            out.append(e)
+            r = rng.random()
+            if r < 0.55:
+                t += rng.randrange(1 * MIN, 10 * MIN, 1000)
+            elif r < 0.75:
+                t += rng.randrange(15 * MIN, 30 * MIN, 1000)
+            else:
+                t += rng.randrange(31 * MIN, 80 * MIN, 1000)
+
+    def scripted(device, minute, delay_min, **kw):
+        e = ev(f"{device}-{minute}", device, minute * MIN, **kw)
+        e["delivery"] = (minute + delay_min) * MIN
+        out.append(e)
+
+    # Two sessions 35 minutes apart arrive in batch 2; an event in between arrives in batch 3
+    # and bridges them (17 and 18 minutes from either side): they must merge into one.
+    for minute in (100, 105, 140, 150):
+        scripted(BRIDGE, minute, 0, person=True)
+    scripted(BRIDGE, 122, 45, motion=True)
+    # A session that ends exactly one gap before the final watermark (LAST_EVENT - 1 hour):
+    # it is closed by the last, no-data, batch although no event of its device comes then.
+    for minute in (200, 215, 240):
+        scripted(EDGE, minute, 0, motion=True)
+    scripted("cam-last", LAST_EVENT // MIN, 0)
+    return out
+
+
+def delivery_batches(events: list[dict]) -> list[list[dict]]:
+    batches = [[] for _ in range(len(CUTS) + 1)]
+    for e in events:
+        batches[sum(e["delivery"] >= c for c in CUTS)].append(e)
+    return batches
+
+
+@pytest.fixture(scope="module")
+def sessionized(spark, tmp_path_factory):
+    cfg = lakehouse_cfg(tmp_path_factory.mktemp("gold-sessions"))
+    batches = delivery_batches(session_events())
+    snapshots, runs = [], []
+    for i, events in enumerate(batches):
+        append_silver(spark, cfg, events, batch_id=i)
+        runs.append(run_gold(spark, cfg, only={"sessions"}, no_data_batch=i == len(batches) - 1))
+        snapshots.append(read(spark, cfg, "gold", "device_sessions").collect())
+    yield cfg, batches, snapshots, runs
+    drop_names(spark)
+
+
+def test_session_batches_are_out_of_order_within_the_watermark(sessionized):
+    """The input itself: what makes the streaming sessions test meaningful."""
+    _, batches, _, _ = sessionized
+    assert all(batches)
+    out_of_order = 0
+    for k in range(1, len(batches)):
+        seen = max(e["t"] for b in batches[:k] for e in b)
+        oldest = min(e["t"] for e in batches[k])
+        assert oldest > seen - WATERMARK_MS + 5 * MIN, f"batch {k} would have late events"
+        out_of_order += sum(e["t"] < seen for e in batches[k])
+    assert out_of_order >= 5
+    gaps = Counter()
+    for device in {e["device_id"] for b in batches for e in b}:
+        times = sorted(e["t"] for b in batches for e in b if e["device_id"] == device)
+        gaps.update("long" if b - a > GAP_MS else "short" for a, b in zip(times, times[1:]))
+    assert gaps["long"] >= 8 and gaps["short"] >= 20, gaps
+
+
+def test_streaming_sessions_equal_batch_sessions(spark, sessionized):
+    cfg, batches, _, runs = sessionized
+    assert all(data_batch(r[QUERY["sessions"]]) is not None for r in runs)
+    gold = read(spark, cfg, "gold", "device_sessions")
+    expected = S.batch_sessions(silver(spark, cfg), GAP_MS / 1000)
+    assert_same_bag(bag(gold, SESSION_COLS), bag(expected, SESSION_COLS), "gold vs batch sessions")
+    assert gold.where("status NOT IN ('open', 'closed')").count() == 0
+    assert_one_row_per_key(gold, SPEC["sessions"].keys)
+    assert gold.agg(F.sum("events")).first()[0] == sum(len(b) for b in batches)
+    bad = gold.where(F.abs(F.col("duration_seconds")
+                           - (F.unix_millis("session_end") - F.unix_millis("session_start")) / 1000) > 0.001)
+    assert bad.count() == 0
+    # The location is the device's (the unknown device keeps a null zip code).
+    zips = {r.device_id: (r.zip_code, r.unknown_device) for r in gold.collect()}
+    assert zips["cam-3"] == (None, True) and zips["cam-0"] == ("94100", False)
+
+
+def test_bridging_event_merges_sessions_and_deletes_the_superseded_row(spark, sessionized):
+    cfg, batches, snapshots, _ = sessionized
+    bridge_batch = next(i for i, b in enumerate(batches) if any(e["event_id"] == f"{BRIDGE}-122" for e in b))
+    before = [r for r in snapshots[bridge_batch - 1] if r.device_id == BRIDGE]
+    after = [r for r in snapshots[bridge_batch] if r.device_id == BRIDGE]
+    assert len(before) == 2, f"two separate sessions before the bridging event, got {before}"
+    assert len(after) == 1, f"one merged session after it, got {after}"
+    merged = after[0]
+    assert merged.session_id == min(r.session_id for r in before)  # the smaller id survives
+    assert merged.events == 5 and merged.person_events == 4 and merged.motion_events == 1
+    assert (merged.session_end - merged.session_start) == timedelta(minutes=50)
+    final = [r for r in snapshots[-1] if r.device_id == BRIDGE]
+    assert [r.session_id for r in final] == [merged.session_id]
+
+
+def test_session_status_follows_the_final_watermark(spark, sessionized):
+    cfg, _, snapshots, _ = sessionized
+    wm = final_watermark(cfg, QUERY["sessions"])
+    assert wm == T0_MS + LAST_EVENT - WATERMARK_MS
+    rows = bag(read(spark, cfg, "gold", "device_sessions"), ["device_id", "session_end", "status"])
+    wrong = [(d, (end - T0_MS) / MIN, status) for (d, end, status) in rows
+             if status != ("closed" if end + GAP_MS <= wm else "open")]
+    assert not wrong, f"status wrong for (device, end minute, status) {wrong} at watermark minute {(wm - T0_MS) / MIN}"
+    statuses = Counter(s for (_, _, s) in rows)
+    assert statuses["closed"] >= 5 and statuses["open"] >= 1, statuses
+    edge = [r for r in snapshots[-1] if r.device_id == EDGE]
+    assert [r.status for r in edge] == ["closed"]
+
+
+# --- merge_events and the state function, in plain pandas -----------------------------------
+
+def events_frame(*times_ms, person=False, motion=False, zip_code="94105", unknown=False):
+    return pd.DataFrame({"event_ms": list(times_ms), "has_person": [person] * len(times_ms),
+                         "has_motion": [motion] * len(times_ms), "zip_code": [zip_code] * len(times_ms),
+                         "unknown_device": [unknown] * len(times_ms)})
+
+
+def session(sid, start, end, events=1, person=0, motion=0, zip_code="94105"):
+    return {"id": sid, "start": start, "end": end, "events": events, "person": person,
+            "motion": motion, "zip": zip_code, "unknown": False, "zip_at": end}
+
+
+def test_merge_events_groups_by_gap():
+    merged, absorbed = S.merge_events([], events_frame(50 * MIN, 0, 10 * MIN, 10 * MIN + GAP_MS,
+                                                       person=True), GAP_MS)
+    assert absorbed == set()
+    assert [(s["start"], s["end"], s["events"], s["person"]) for s in merged] == \
+        [(0, 50 * MIN, 4, 4)]
+    merged, _ = S.merge_events([], events_frame(0, GAP_MS + 1, motion=True), GAP_MS)
+    assert [(s["start"], s["end"], s["events"], s["motion"], s["id"]) for s in merged] == \
+        [(0, 0, 1, 1, None), (GAP_MS + 1, GAP_MS + 1, 1, 1, None)]
+
+
+def test_merge_events_extends_existing_sessions_both_ways():
+    mine = [session("d@600000", 10 * MIN, 20 * MIN, events=3, person=1, zip_code="10001")]
+    merged, absorbed = S.merge_events(mine, events_frame(0, 45 * MIN, person=True, zip_code="94105"),
+                                      GAP_MS)
+    assert absorbed == set()
+    assert len(merged) == 1
+    s = merged[0]
+    assert (s["id"], s["start"], s["end"], s["events"], s["person"]) == ("d@600000", 0, 45 * MIN, 5, 3)
+    assert s["zip"] == "94105"  # the latest event's location
+    assert mine[0]["start"] == 10 * MIN and mine[0]["events"] == 3  # inputs are not mutated
+
+
+def test_merge_events_bridge_keeps_the_smallest_id_and_returns_absorbed():
+    a = session("d@1000", 0, 10 * MIN, events=2, person=1)
+    b = session("d@4200000", 70 * MIN, 80 * MIN, events=3, motion=2)
+    c = session("d@0999", 120 * MIN, 125 * MIN, events=1)     # smaller id, later start
+    merged, absorbed = S.merge_events([c, b, a], events_frame(40 * MIN, 100 * MIN), GAP_MS)
+    assert [(s["id"], s["start"], s["end"], s["events"], s["person"], s["motion"]) for s in merged] == \
+        [("d@0999", 0, 125 * MIN, 8, 1, 2)]
+    assert absorbed == {"d@1000", "d@4200000"}
+    # An event that bridges nothing absorbs nothing.
+    merged, absorbed = S.merge_events([b, a], events_frame(200 * MIN), GAP_MS)
+    assert [s["id"] for s in merged] == ["d@1000", "d@4200000", None] and absorbed == set()
+
+
+class FakeState:
+    """The GroupState surface make_session_updater uses."""
+
+    def __init__(self, sessions=None, watermark=0, timed_out=False):
+        self.value = None if sessions is None else (json.dumps(sessions),)
+        self.watermark, self.hasTimedOut, self.timeout = watermark, timed_out, None
+
+    @property
+    def exists(self):
+        return self.value is not None
+
+    @property
+    def get(self):
+        return self.value
+
+    def getCurrentWatermarkMs(self):
+        return self.watermark
+
+    def update(self, value):
+        self.value = value
+
+    def remove(self):
+        self.value = None
+
+    def setTimeoutTimestamp(self, ts):
+        self.timeout = ts
+
+
+def run_updater(state, *frames):
+    out = list(S.make_session_updater(GAP_MS / 1000)(("d",), iter(frames), state))
+    return pd.concat(out) if out else pd.DataFrame(columns=S.COLUMNS)
+
+
+def test_session_updater_emits_open_closed_and_merged():
+    state = FakeState([session("d@1000", 0, 10 * MIN), session("d@4200000", 70 * MIN, 80 * MIN)],
+                      watermark=5 * MIN)
+    out = run_updater(state, events_frame(40 * MIN), events_frame(200 * MIN))
+    got = sorted(zip(out.session_id, out.status, out.events))
+    assert got == [("d@1000", "open", 3), (f"d@{200 * MIN}", "open", 1), ("d@4200000", "merged", 0)]
+    assert state.exists and state.timeout is not None
+    # Spark fires an event-time timeout once the watermark is strictly past it; the session
+    # must close as soon as the watermark reaches end + gap, as a batch with data would close it.
+    end = 80 * MIN
+    assert state.timeout < end + GAP_MS
+    state.watermark, state.hasTimedOut = end + GAP_MS, True
+    out = run_updater(state)
+    assert sorted(zip(out.session_id, out.status)) == [("d@1000", "closed"), (f"d@{200 * MIN}", "open")]
+    state.watermark = 200 * MIN + GAP_MS
+    out = run_updater(state)
+    assert list(zip(out.session_id, out.status)) == [(f"d@{200 * MIN}", "closed")]
+    assert not state.exists
+
+
+# --- quality gate, Kafka stats, missing silver ------------------------------------------------
+
+def small_silver(spark, cfg):
+    events = [ev(f"q{i}", "a1", i * 7 * MIN, person=i % 2 == 0) for i in range(12)]
+    events += [ev("u0", "u1", 15 * MIN, person=True, zip_code=None, unknown=True)]
+    append_silver(spark, cfg, events)
+    return events
+
+
+def test_quality_gate_fail_stops_the_batch_and_resumes_after_the_fix(spark, cfg, tmp_path):
+    small_silver(spark, cfg)
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("""\
+suite: gold-strict
+tables:
+  gold.zip_hourly_sightings:
+    - name: sightings_non_negative
+      expectation: expect_column_values_to_be_between
+      kwargs: {column: sightings, min_value: 1000}
+      policy: fail
+    - name: window_is_one_hour
+      expectation: expect_column_values_to_be_between
+      kwargs: {column: window_seconds, min_value: 3600, max_value: 3600}
+      policy: warn
+""")
+    from pyspark.errors import StreamingQueryException
+
+    with pytest.raises(StreamingQueryException) as failed:
+        run_gold(spark, cfg, only={"sightings"}, suites=load_suites(strict))
+    message = str(failed.value)
+    assert "quality gate failed: query 'gold_zip_hourly_sightings', batch 0" in message
+    assert "expectation 'sightings_non_negative'" in message
+    dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_zip_hourly_sightings'").collect()
+    assert {(r.batch_id, r.expectation, r.success, r.policy) for r in dq} == {
+        (0, "sightings_non_negative", False, "fail"), (0, "window_is_one_hour", True, "warn")}
+    bad = next(r for r in dq if r.expectation == "sightings_non_negative")
+    assert bad.unexpected_count == bad.element_count > 0
+    assert read(spark, cfg, "gold", "zip_hourly_sightings").count() == 0  # nothing merged
+    assert committed_batches(cfg, QUERY["sightings"]) == []
+
+    # With the rule fixed, the same batch 0 is replayed and goes through.
+    runs = run_gold(spark, cfg, only={"sightings"})
+    assert data_batch(runs[QUERY["sightings"]]) == 0
+    assert_dicts_equal(gold_sightings(spark, cfg), expected_sightings(silver_events(spark, cfg)),
+                       "sightings after the replay")
+    dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_zip_hourly_sightings' AND batch_id = 0")
+    assert dq.where("NOT success").count() == 1           # the failed attempt stays, for audit
+    assert dq.where("success AND suite = 'gold'").count() == 3
+
+
+@pytest.mark.kafka
+def test_sightings_published_to_compacted_kafka_topic(spark, env, kafka_broker, tmp_path):
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    topic = f"nest-camera-stats-{uuid.uuid4().hex[:8]}"
+    cfg = load_config(env={**env, "KAFKA_BOOTSTRAP": kafka_broker.bootstrap,
+                           "LAKEHOUSE__GOLD__STATS_TO_KAFKA": "true",
+                           "LAKEHOUSE__KAFKA__TOPICS__STATS": topic})
+    try:
+        small_silver(spark, cfg)
+        run_gold(spark, cfg, only={"sightings"}, no_data_batch=False)
+        iso = "yyyy-MM-dd'T'HH:mm:ss'Z'"
+        gold = {(r.zip_code, r.ws, r.we): r.sightings
+                for r in read(spark, cfg, "gold", "zip_hourly_sightings").select(
+                    "zip_code", F.date_format("window_start", iso).alias("ws"),
+                    F.date_format("window_end", iso).alias("we"), "sightings").collect()}
+        assert len(gold) >= 3
+
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        configs = admin.describe_configs([resource])[resource].result(30)
+        assert configs["cleanup.policy"].value == "compact"
+        partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+        assert len(partitions) == cfg.kafka.topic_partitions
+
+        consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap,
+                             "group.id": f"test-{uuid.uuid4().hex}", "enable.auto.commit": False})
+        try:
+            consumer.assign([TopicPartition(topic, p, 0) for p in partitions])  # 0 = from the start
+            latest, deadline = {}, time.monotonic() + 120
+            while time.monotonic() < deadline and len(latest) < len(gold):
+                msg = consumer.poll(1.0)
+                if msg is None or msg.error():
+                    continue
+                key = json.loads(msg.key())
+                assert set(key) == {"zip_code", "window_start", "window_end"}, key
+                latest[(key["zip_code"], key["window_start"], key["window_end"])] = int(msg.value())
+        finally:
+            consumer.close()
+        assert latest == gold
+    finally:
+        drop_names(spark)
+
+
+def test_missing_silver_is_a_clear_error(spark, cfg):
+    with pytest.raises(JobError) as err:
+        start(spark, cfg)
+    assert "make run-silver" in str(err.value)
+    assert cfg.table_path("silver", "camera_events") in str(err.value)
+    assert not Path(cfg.table_path("gold", "zip_hourly_sightings")).exists()
