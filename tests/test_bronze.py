@@ -25,7 +25,9 @@ from bronze.job import start
 from common.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_EVENTS = Path(__file__).resolve().parents[2] / "shared/datasets/structured-streaming-events"
+# The project's shared/ folder sits beside the repository (as in CI); SHARED_DATASETS overrides.
+SHARED_EVENTS = Path(os.environ.get("SHARED_DATASETS") or REPO.parent / "shared" / "datasets") \
+    / "structured-streaming-events"
 JOB = [sys.executable, "-m", "bronze.job"]
 # `make run-bronze` depends on `setup`; its stamps may be missing even where setup was done,
 # and remaking setup from a test would pip-install and re-fetch (rm -rf) the shared jar cache
@@ -207,6 +209,7 @@ def _is_utf8(data: bytes) -> bool:
 
 
 def test_shared_dataset_files_without_final_newline_keep_their_last_line(spark, cfg):
+    assert SHARED_EVENTS.is_dir(), f"shared dataset not found at {SHARED_EVENTS}; set SHARED_DATASETS"
     files = [SHARED_EVENTS / f"file-{i}.json" for i in range(5)]
     assert all(not f.read_bytes().endswith(b"\n") for f in files)
     cfg.landing.mkdir(parents=True)
