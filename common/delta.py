@@ -1,17 +1,10 @@
 """Delta helpers every layer uses: create-if-missing with a fixed schema, idempotent writes."""
 from __future__ import annotations
 
-import threading
-
 from delta.tables import DeltaTable
 
 from common.catalog import register_table
 from common.config import Config
-
-# foreachBatch runs on a py4j callback thread while the driver thread may also write ops rows;
-# serialising ops writes in-process avoids Delta's concurrent-transaction conflicts.
-OPS_LOCK = threading.RLock()
-
 
 def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by=(),
                  properties: dict[str, str] | None = None) -> str:
@@ -32,13 +25,3 @@ def idempotent_append(df, path: str, app_id: str, version: int) -> None:
     (df.write.format("delta").mode("append")
        .option("txnAppId", app_id).option("txnVersion", version)
        .save(path))
-
-
-def merge_upsert(spark, path: str, updates, keys: list[str], update_when: str | None = None) -> None:
-    """Upsert by key: re-running the same batch sets the same values, so retries are harmless."""
-    cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
-    (DeltaTable.forPath(spark, path).alias("t")
-        .merge(updates.alias("s"), cond)
-        .whenMatchedUpdateAll(condition=update_when)
-        .whenNotMatchedInsertAll()
-        .execute())
