@@ -6,6 +6,7 @@ from delta.tables import DeltaTable
 from common.catalog import register_table
 from common.config import Config
 
+
 def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by=(),
                  properties: dict[str, str] | None = None) -> str:
     path = cfg.table_path(layer, table)
