@@ -28,7 +28,6 @@ from common.config import load_config
 from common.quality import load_suites
 from common.streaming import JobError, batch_watermark_ms
 from gold import sessions as S
-from gold import transform as T
 from gold.job import TABLES, GoldBatch, start
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
