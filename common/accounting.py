@@ -13,22 +13,15 @@ from __future__ import annotations
 import json
 import threading
 from datetime import datetime, timezone
-from pathlib import Path
 
 from common.config import Config
 from common.delta import ensure_table, idempotent_append
+from common.lineage import batch_lineage, checkpoint_query_id
 from common.schemas import BATCH_ACCOUNTING
 
 
 def ensure_accounting(spark, cfg: Config) -> str:
     return ensure_table(spark, cfg, "ops", "batch_accounting", BATCH_ACCOUNTING)
-
-
-def checkpoint_query_id(checkpoint: str) -> str:
-    """The id Spark keeps in the checkpoint: stable across restarts, new if the checkpoint is
-    deleted. Keying Delta's txnAppId on it means a fresh checkpoint never collides with the
-    batch versions an old one already wrote."""
-    return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
 
 
 def executed_batches(query) -> list[dict]:
@@ -54,8 +47,9 @@ def observed(progress: dict, name: str) -> dict:
 class Accounting:
     """Per-query accounting: foreachBatch calls `stash`, the driver loop calls the instance."""
 
-    def __init__(self, spark, cfg: Config, layer: str, checkpoint: str, from_progress):
-        self.spark, self.cfg, self.layer = spark, cfg, layer
+    def __init__(self, spark, cfg: Config, layer: str, checkpoint: str, from_progress,
+                 upstream: str | None = None):
+        self.spark, self.cfg, self.layer, self.upstream = spark, cfg, layer, upstream
         self.checkpoint, self.from_progress = checkpoint, from_progress
         self.path = ensure_accounting(spark, cfg)
         self._stash: dict[int, dict] = {}
@@ -88,4 +82,14 @@ class Accounting:
         df = self.spark.createDataFrame([tuple(row[f] for f in BATCH_ACCOUNTING.fieldNames())],
                                         BATCH_ACCOUNTING)
         app_id = f"accounting-{query_name}-{checkpoint_query_id(self.checkpoint)}"
-        idempotent_append(df, self.path, app_id, batch_id)
+        idempotent_append(df, self.path, app_id, batch_id, metadata=self._lineage(query_name, batch_id))
+
+    def _lineage(self, query_name: str, batch_id: int) -> dict | None:
+        """The batch's lineage (the accounting audit needs the upstream prefix of the last batch,
+        which may have written nothing else). None once offset retention has purged the batch."""
+        if self.upstream is None:
+            return None
+        try:
+            return batch_lineage(self.checkpoint, query_name, batch_id, self.upstream)
+        except FileNotFoundError:
+            return None

@@ -1,10 +1,14 @@
-"""Delta helpers every layer uses: create-if-missing with a fixed schema, idempotent writes."""
+"""Delta helpers every layer uses: create-if-missing with a fixed schema, idempotent writes,
+commit metadata."""
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from delta.tables import DeltaTable
 
 from common.catalog import register_table
 from common.config import Config
+from common.lineage import USER_METADATA_CONF, to_user_metadata
 
 
 def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by=(),
@@ -20,9 +24,25 @@ def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_b
     return path
 
 
-def idempotent_append(df, path: str, app_id: str, version: int) -> None:
+def idempotent_append(df, path: str, app_id: str, version: int, metadata: dict | None = None) -> None:
     """Append once per (app_id, version): a retried micro-batch re-sends the same version and
-    Delta skips it (txnAppId/txnVersion), so nothing is written twice."""
-    (df.write.format("delta").mode("append")
-       .option("txnAppId", app_id).option("txnVersion", version)
-       .save(path))
+    Delta skips it (txnAppId/txnVersion), so nothing is written twice. `metadata` (the batch's
+    lineage) is stored as the commit's user metadata."""
+    writer = (df.write.format("delta").mode("append")
+              .option("txnAppId", app_id).option("txnVersion", version))
+    if metadata is not None:
+        writer = writer.option("userMetadata", to_user_metadata(metadata))
+    writer.save(path)
+
+
+@contextmanager
+def commit_metadata(session, metadata: dict):
+    """Commits made inside (MERGE has no writer option) carry `metadata` as user metadata.
+
+    Pass the micro-batch's own session (batch_df.sparkSession): each streaming query runs on a
+    clone of the job's session, so concurrent queries do not see each other's setting."""
+    session.conf.set(USER_METADATA_CONF, to_user_metadata(metadata))
+    try:
+        yield
+    finally:
+        session.conf.unset(USER_METADATA_CONF)

@@ -220,7 +220,7 @@ def vacuous(suite: Suite) -> list[Outcome]:
 
 
 def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_id: int,
-                  suite: Suite, app_id: str) -> None:
+                  suite: Suite, app_id: str, metadata: dict | None = None) -> None:
     """One row per expectation per batch into ops.dq_results. A batch stopped by a `fail` rule
     is recorded under its own app id, so after the fix its replay adds the passing results next
     to the failed attempt (an audit trail), while a replay of the same outcome is skipped."""
@@ -229,17 +229,17 @@ def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_i
 
     rows = spark.createDataFrame(dq_rows(outcomes, query, batch_id, suite.table, suite.name), DQ_RESULTS)
     kind = "dq-failed" if failures(outcomes) else "dq"
-    idempotent_append(rows, path, f"{app_id}-{kind}", batch_id)
+    idempotent_append(rows, path, f"{app_id}-{kind}", batch_id, metadata)
 
 
 def check(gate: "QualityGate", df, count: int, spark, path: str, query: str, batch_id: int,
-          app_id: str) -> tuple[list[Outcome], int]:
+          app_id: str, metadata: dict | None = None) -> tuple[list[Outcome], int]:
     """Validate a batch, record the results, stop on `fail`. Returns (outcomes, milliseconds)."""
     import time
 
     started = time.monotonic()
     outcomes = gate.validate(df) if count else vacuous(gate.suite)
     elapsed = int((time.monotonic() - started) * 1000)
-    write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id)
+    write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata)
     raise_on_failures(outcomes, query, batch_id, gate.suite.table)
     return outcomes, elapsed

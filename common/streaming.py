@@ -9,6 +9,7 @@ import threading
 import time
 
 from common.config import Config
+from common.lineage import batch_watermark_ms  # noqa: F401  (re-exported for the jobs)
 
 log = logging.getLogger("lakehouse")
 
@@ -109,18 +110,6 @@ def _progress_mark(query):
 def fail(message: str, code: int = 2) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code
-
-
-def batch_watermark_ms(checkpoint: str, batch_id: int) -> int:
-    """The event-time watermark Spark used for this batch, from the offset log (so a replayed
-    batch sees the same value)."""
-    import json
-    from pathlib import Path
-
-    for line in (Path(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines():
-        if line.startswith("{") and "batchWatermarkMs" in line:
-            return int(json.loads(line)["batchWatermarkMs"])
-    return 0
 
 
 def failure_message(e: Exception) -> str:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
@@ -22,37 +20,15 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError, load_config
-from common.delta import ensure_table
+from common.delta import commit_metadata, ensure_table, idempotent_append
+from common.lineage import batch_lineage, checkpoint_query_id
 from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import DQ_RESULTS
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, batch_watermark_ms, fail, run_job, trigger)
+                              await_queries, fail, run_job, trigger)
 from gold import sessions as S
 from gold import transform as T
-
-
-@dataclass(frozen=True)
-class GoldTable:
-    key: str                       # short name for --only
-    table: str                     # gold.<table>
-    keys: tuple[str, ...]          # MERGE keys
-    build: Callable                # (on-time silver events, cfg) -> streaming DataFrame
-    windowed: bool = True
-
-    @property
-    def query(self) -> str:
-        return f"gold_{self.table}"
-
-
-TABLES = (
-    GoldTable("sightings", "zip_hourly_sightings", ("window_start", "zip_code", "unknown_device"),
-              lambda ev, cfg: T.hourly_sightings(ev, cfg.gold.sightings_window.spark())),
-    GoldTable("activity", "device_activity", ("window_start", "device_id"),
-              lambda ev, cfg: T.device_activity(ev, cfg.gold.activity_window.spark(),
-                                                cfg.gold.activity_slide.spark())),
-    GoldTable("sessions", "device_sessions", ("device_id", "session_id"),
-              lambda ev, cfg: S.sessionize(ev, cfg.gold.session_gap.seconds), windowed=False),
-)
+from gold.tables import TABLES, GoldTable
 
 
 def output_schema(spark, cfg, spec: GoldTable, silver_schema):
@@ -61,7 +37,8 @@ def output_schema(spark, cfg, spec: GoldTable, silver_schema):
     return T.with_finalized(out, 0).schema if spec.windowed else out.schema
 
 
-def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> None:
+def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
+    """MERGE the batch's updated rows; returns how many target rows changed."""
     cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in spec.keys)
     m = DeltaTable.forPath(spark, path).alias("t").merge(updates.alias("s"), cond)
     if spec.windowed:
@@ -73,7 +50,8 @@ def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: i
     else:
         m = (m.whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
              .whenNotMatchedInsertAll(condition="s.status <> 'merged'"))
-    m.execute()
+    metrics = m.execute().first()
+    return int(metrics["num_affected_rows"]) if metrics is not None else 0
 
 
 class GoldBatch:
@@ -86,17 +64,26 @@ class GoldBatch:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark, cfg, spec = self.spark, self.cfg, self.spec
         checkpoint = cfg.checkpoint(spec.query)
-        watermark = batch_watermark_ms(checkpoint, batch_id)
+        lineage = batch_lineage(checkpoint, spec.query, batch_id, "silver.camera_events")
+        watermark = lineage["watermark_ms"]
+        app_id = f"{spec.query}-{checkpoint_query_id(checkpoint)}"
         updates = (T.with_finalized(batch, watermark) if spec.windowed else batch).persist()
         try:
             n = updates.count()
             quality_ms = None
             if self.gate is not None:
-                app_id = f"{spec.query}-{accounting.checkpoint_query_id(checkpoint)}"
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
                 _, quality_ms = check(self.gate, T.quality_view(spec.table, live), n, spark,
-                                      cfg.table_path("ops", "dq_results"), spec.query, batch_id, app_id)
-            merge(spark, self.path, spec, updates, watermark)
+                                      cfg.table_path("ops", "dq_results"), spec.query, batch_id, app_id,
+                                      lineage)
+            session = batch.sparkSession
+            with commit_metadata(session, lineage):
+                changed = merge(session, self.path, spec, updates, watermark)
+            if not changed:
+                # A MERGE that changes nothing makes no commit, but the audit needs every batch's
+                # lineage (e.g. one whose events were all late): record it in an empty commit.
+                idempotent_append(session.createDataFrame([], updates.schema), self.path,
+                                  f"{app_id}-lineage", batch_id, lineage)
             if spec.key == "sightings" and cfg.gold.stats_to_kafka and n:
                 publish_stats(cfg, updates)
             self.books.stash(batch_id, rows_written=n, quality_ms=quality_ms)
@@ -140,10 +127,12 @@ def start(spark, cfg, only=None, suites=None):
         if only and spec.key not in only:
             continue
         ensure_table(spark, cfg, "gold", spec.table, output_schema(spark, cfg, spec, silver_schema))
-        events = T.on_time(spark.readStream.format("delta").load(silver_path),
-                           cfg.gold.watermark.spark())
+        silver = (spark.readStream.format("delta")
+                  .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path))
+        events = T.on_time(silver, cfg.gold.watermark.spark())
         suite = suites.get(f"gold.{spec.table}")
-        books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts)
+        books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts,
+                                      upstream="silver.camera_events")
         batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)
         query = (spec.build(events, cfg).writeStream.queryName(spec.query)
                  .outputMode("update")

@@ -67,6 +67,25 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def fold_batch(device_id: str, sessions: list[dict], frames, gap_ms: int) -> tuple[list[dict], set[str]]:
+    """One micro-batch of a device: fold its events in, then name the sessions born in it.
+    A session is named once, after its batch (device + its start then), so its id depends on
+    what arrived in which batch; the audit replays the batches to rebuild the same ids."""
+    absorbed: set[str] = set()
+    for pdf in frames:
+        sessions, gone = merge_events(sessions, pdf, gap_ms)
+        absorbed |= gone
+    for s in sessions:
+        if s["id"] is None:
+            s["id"] = f"{device_id}@{s['start']}"
+    return sessions, absorbed
+
+
+def is_closed(session: dict, gap_ms: int, watermark_ms: int) -> bool:
+    """Closed once no on-time event can extend it: end + gap is at or behind the watermark."""
+    return session["end"] + gap_ms <= watermark_ms
+
+
 def make_session_updater(gap_seconds: float):
     gap_ms = int(gap_seconds * _MS)
 
@@ -74,16 +93,10 @@ def make_session_updater(gap_seconds: float):
         (device_id,) = key
         sessions = json.loads(state.get[0]) if state.exists else []
         watermark = state.getCurrentWatermarkMs()
-        absorbed: set[str] = set()
-        if not state.hasTimedOut:
-            for pdf in batches:
-                sessions, gone = merge_events(sessions, pdf, gap_ms)
-                absorbed |= gone
-        for s in sessions:
-            if s["id"] is None:
-                s["id"] = f"{device_id}@{s['start']}"
-        closed = [s for s in sessions if s["end"] + gap_ms <= watermark]
-        still_open = [s for s in sessions if s["end"] + gap_ms > watermark]
+        frames = [] if state.hasTimedOut else batches
+        sessions, absorbed = fold_batch(device_id, sessions, frames, gap_ms)
+        closed = [s for s in sessions if is_closed(s, gap_ms, watermark)]
+        still_open = [s for s in sessions if not is_closed(s, gap_ms, watermark)]
         rows = ([_row(device_id, s, "closed") for s in closed]
                 + [_row(device_id, s, "open") for s in still_open]
                 + [{**_row(device_id, {"id": i, "start": 0, "end": 0, "events": 0, "person": 0,
@@ -102,14 +115,17 @@ def make_session_updater(gap_seconds: float):
     return update
 
 
+def session_inputs(events: DataFrame, *extra: str) -> DataFrame:
+    # event_time stays in the input: the event-time timeout needs the watermarked column.
+    return events.select("device_id", "event_time", F.unix_millis("event_time").alias("event_ms"),
+                         "has_person", "has_motion", "zip_code", "unknown_device", *extra)
+
+
 def sessionize(events: DataFrame, gap_seconds: float) -> DataFrame:
     """Streaming (or batch) sessions: one row per session touched, status open/closed/merged."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    # event_time stays in the input: the event-time timeout needs the watermarked column.
-    inputs = events.select("device_id", "event_time", F.unix_millis("event_time").alias("event_ms"),
-                           "has_person", "has_motion", "zip_code", "unknown_device")
-    return inputs.groupBy("device_id").applyInPandasWithState(
+    return session_inputs(events).groupBy("device_id").applyInPandasWithState(
         make_session_updater(gap_seconds), OUTPUT_SCHEMA, STATE_SCHEMA, "update",
         GroupStateTimeout.EventTimeTimeout)
 
@@ -132,3 +148,24 @@ def batch_sessions(events: DataFrame, gap_seconds: float) -> DataFrame:
             .withColumn("duration_seconds",
                         (F.unix_millis("session_end") - F.unix_millis("session_start")) / _MS)
             .drop("session_no"))
+
+
+def replay_sessions(events: DataFrame, arrival_col: str, gap_seconds: float,
+                    watermark_ms: int) -> DataFrame:
+    """The sessions table a stream holds after the batch with `watermark_ms`, rebuilt in batch.
+
+    `events` are the on-time events it consumed, `arrival_col` the micro-batch each arrived in.
+    Per device the batches are folded in order with the stream's own fold_batch, so session ids
+    match; statuses follow the final watermark, as timeouts close every session behind it.
+    Sessions that closed earlier are kept in the fold: no later on-time event can reach them."""
+    gap_ms = int(gap_seconds * _MS)
+
+    def replay(pdf: pd.DataFrame) -> pd.DataFrame:
+        device_id = pdf["device_id"].iloc[0]
+        sessions: list[dict] = []
+        for _, frame in pdf.sort_values(arrival_col, kind="stable").groupby(arrival_col, sort=True):
+            sessions, _ = fold_batch(device_id, sessions, [frame], gap_ms)
+        return _frame([_row(device_id, s, "closed" if is_closed(s, gap_ms, watermark_ms) else "open")
+                       for s in sessions])
+
+    return session_inputs(events, arrival_col).groupBy("device_id").applyInPandas(replay, OUTPUT_SCHEMA)

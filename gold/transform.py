@@ -34,7 +34,8 @@ def device_activity(events: DataFrame, window: str, slide: str) -> DataFrame:
                  F.sum(F.col("has_motion").cast("long")).alias("motion_events"),
                  F.sum(F.col("has_sound").cast("long")).alias("sound_events"),
                  F.sum(F.col("has_person").cast("long")).alias("person_events"),
-                 F.last("zip_code").alias("zip_code"))
+                 # The latest event's location, deterministically (last() depends on row order).
+                 F.max_by("zip_code", "event_time").alias("zip_code"))
             .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
                     "device_id", "zip_code", "events", "motion_events", "sound_events",
                     "person_events"))

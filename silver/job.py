@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError, load_config
 from common.delta import ensure_table, idempotent_append
+from common.lineage import batch_lineage, checkpoint_query_id
 from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
@@ -41,7 +42,10 @@ def output_schemas(spark):
 
 def ensure_tables(spark, cfg) -> None:
     silver_schema, quarantine_schema = output_schemas(spark)
-    ensure_table(spark, cfg, "silver", "camera_events", silver_schema, ["event_date"])
+    # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
+    # kept through OPTIMIZE): the audit uses it to tell which gold micro-batch read each event.
+    ensure_table(spark, cfg, "silver", "camera_events", silver_schema, ["event_date"],
+                 {"delta.enableRowTracking": "true"})
     ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema)
     ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
     accounting.ensure_accounting(spark, cfg)
@@ -59,17 +63,24 @@ class SilverBatch:
 
     def __call__(self, batch, batch_id: int) -> None:
         spark, cfg = self.spark, self.cfg
-        app_id = f"{QUERY}-{accounting.checkpoint_query_id(cfg.checkpoint(QUERY))}"
+        checkpoint = cfg.checkpoint(QUERY)
+        app_id = f"{QUERY}-{checkpoint_query_id(checkpoint)}"
         batch.persist()
         candidates = None
         try:
-            locations = spark.read.format("delta").load(self.paths["device_locations"])
+            # Pin the dimension's version so the lineage says exactly which one this batch joined.
+            loc_version = latest_version(spark, self.paths["device_locations"])
+            locations = (spark.read.format("delta").option("versionAsOf", loc_version)
+                         .load(self.paths["device_locations"]))
+            lineage = batch_lineage(checkpoint, QUERY, batch_id, "bronze.events",
+                                    {"silver.device_locations": loc_version})
             joined = T.join_locations(T.accepted(batch), locations)
             candidates = T.to_silver(joined, batch_id).persist()
             n_candidates = candidates.count()
 
             outcomes, quality_ms = check(self.gate, candidates, n_candidates, spark,
-                                         cfg.table_path("ops", "dq_results"), QUERY, batch_id, app_id)
+                                         cfg.table_path("ops", "dq_results"), QUERY, batch_id, app_id,
+                                         lineage)
 
             dq_reasons = _dq_reasons(spark, outcomes)
             good = candidates.join(dq_reasons, "event_id", "left_anti")
@@ -83,9 +94,10 @@ class SilverBatch:
             n_event_rejects = T.rejected(batch).where("parsed").count() if n_rejects else 0
             # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
             if n_candidates > n_dq:
-                idempotent_append(good, self.paths["camera_events"], f"{app_id}-events", batch_id)
+                idempotent_append(good, self.paths["camera_events"], f"{app_id}-events", batch_id, lineage)
             if n_rejects or n_dq:
-                idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id)
+                idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id,
+                                  lineage)
 
             self.accounting.stash(batch_id, events_written=n_candidates - n_dq,
                                   events_quarantined=n_event_rejects + n_dq,
@@ -94,6 +106,12 @@ class SilverBatch:
             if candidates is not None:
                 candidates.unpersist()
             batch.unpersist()
+
+
+def latest_version(spark, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
 
 
 def _dq_reasons(spark, outcomes):
@@ -119,11 +137,13 @@ def start(spark, cfg, suite=None):
         raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
     suite = suite or load_suites(cfg.silver.expectations)["silver.camera_events"]
     ensure_tables(spark, cfg)
-    bronze = spark.readStream.format("delta").load(bronze_path)
+    bronze = (spark.readStream.format("delta")
+              .option("maxFilesPerTrigger", cfg.silver.max_files_per_trigger).load(bronze_path))
     parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds)
     observed = parsed.observe(METRICS, *T.input_metrics(parsed))
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark())
-    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)
+    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts,
+                                  upstream="bronze.events")
     query = (deduped.writeStream.queryName(QUERY)
              .foreachBatch(SilverBatch(spark, cfg, suite, books))
              .option("checkpointLocation", cfg.checkpoint(QUERY))

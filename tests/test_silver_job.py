@@ -287,9 +287,10 @@ def test_a_retried_micro_batch_writes_nothing_twice(spark, stream, monkeypatch):
     before = snapshot(spark, cfg)
     appends = []
 
-    def spy(df, path, app_id, version):
+    def spy(df, path, app_id, version, metadata=None):
         appends.append((Path(path).name, app_id.rsplit("-", 1)[-1], version))
-        real_append(df, path, app_id, version)
+        assert metadata["batch_id"] == version and metadata["upstream"]["table"] == "bronze.events"
+        real_append(df, path, app_id, version, metadata)
 
     real_append = common_delta.idempotent_append
     monkeypatch.setattr(silver_job, "idempotent_append", spy)
