@@ -1,0 +1,1 @@
+"""Time-travel audits of the lakehouse: history, prefix integrity, accounting, diff, restore."""

@@ -1,0 +1,90 @@
+"""Accounting over each table's whole history: nothing appears or vanishes between layers.
+
+Units are silver's input rows: one per camera event, or one per bronze record that could not
+be parsed into events (silver/transform.parse_events). Over silver's history
+
+    parsed bronze rows = silver + quarantine + duplicates dropped + too late dropped
+
+with bronze taken at the version silver's last micro-batch had read, and the drops summed from
+ops.batch_accounting (Spark's own operator metrics). For each gold table, the silver events its
+last batch had read are either consumed on time (the prefix recompute) or counted late.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import functions as F
+
+from audit.history import Version, read_version
+
+
+@dataclass
+class BooksCheck:
+    name: str
+    status: str                      # PASS | FAIL | SKIP
+    left: dict = field(default_factory=dict)    # name -> count, summed
+    right: dict = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def equation(self) -> str:
+        side = lambda d: " + ".join(f"{k} {v:,}" for k, v in d.items())  # noqa: E731
+        return f"{side(self.left)} {'=' if self.status == 'PASS' else '!='} {side(self.right)}"
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "left": self.left, "right": self.right,
+                "equation": self.equation, "note": self.note}
+
+
+def last_lineage(history: list[Version], query: str) -> dict | None:
+    """Lineage of the query's most recent commit to a table (history is in version order;
+    batch ids restart if a checkpoint is replaced, versions do not)."""
+    found = [v.lineage for v in history if v.lineage and v.lineage["query"] == query]
+    return found[-1] if found else None
+
+
+def drops(spark, accounting_path: str, query: str) -> dict[str, int]:
+    row = (spark.read.format("delta").load(accounting_path).where(F.col("query") == query)
+           .agg(F.coalesce(F.sum("duplicates_dropped"), F.lit(0)).alias("d"),
+                F.coalesce(F.sum("late_dropped"), F.lit(0)).alias("l"), F.count(F.lit(1)).alias("n"))
+           .first())
+    return {"duplicates dropped": int(row.d), "too late dropped": int(row.l), "batches": int(row.n)}
+
+
+def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Version]) -> BooksCheck:
+    from silver import transform as ST
+
+    lineage = last_lineage(accounting_history, "silver")
+    if lineage is None:
+        return BooksCheck("silver", "SKIP", note="no silver micro-batch recorded in ops.batch_accounting")
+    upstream = lineage["upstream"]["version"]
+    if upstream is None:
+        return BooksCheck("silver", "FAIL", note=f"silver batch {lineage['batch_id']} stopped inside a "
+                                                 "bronze version; no bronze snapshot equals its input")
+    bronze = read_version(spark, paths["bronze.events"], upstream)
+    parsed = ST.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds)
+    d = drops(spark, paths["ops.batch_accounting"], "silver")
+    left = {f"bronze@{upstream} parsed rows": parsed.count()}
+    right = {"silver": spark.read.format("delta").load(paths["silver.camera_events"]).count(),
+             "quarantine": spark.read.format("delta").load(paths["silver.quarantine"]).count(),
+             "duplicates dropped": d["duplicates dropped"], "too late dropped": d["too late dropped"]}
+    ok = sum(left.values()) == sum(right.values())
+    return BooksCheck("silver", "PASS" if ok else "FAIL", left, right,
+                      note=f"bronze@{upstream} holds {bronze.count():,} records; {d['batches']} silver batches")
+
+
+def gold_books(spark, name: str, query: str, silver_path: str, accounting_path: str,
+               history: list[Version], on_time_count) -> BooksCheck:
+    """`on_time_count(upstream_version)` is the prefix recompute's count of events consumed."""
+    lineage = last_lineage(history, query)
+    if lineage is None:
+        return BooksCheck(name, "SKIP", note="no micro-batch has written this table yet")
+    upstream = lineage["upstream"]["version"]
+    if upstream is None:
+        return BooksCheck(name, "SKIP", note="its last batch stopped inside a silver version")
+    d = drops(spark, accounting_path, query)
+    left = {f"silver@{upstream} events": read_version(spark, silver_path, upstream).count()}
+    right = {"consumed on time": on_time_count(upstream), "too late dropped": d["too late dropped"],
+             "duplicates dropped": d["duplicates dropped"]}
+    ok = sum(left.values()) == sum(right.values())
+    return BooksCheck(name, "PASS" if ok else "FAIL", left, right, note=f"{d['batches']} batches")

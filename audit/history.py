@@ -1,0 +1,90 @@
+"""Per-version history of a Delta table: operation, rows added and removed, lineage."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.lineage import parse
+
+
+@dataclass
+class Version:
+    version: int
+    timestamp: object                 # datetime
+    operation: str
+    rows_added: int | None
+    rows_removed: int | None
+    lineage: dict | None              # the pipeline's commit lineage, None for other commits
+    parameters: dict = field(default_factory=dict)
+    tool: str = ""                    # a pipeline command that is not a stream (seed-locations)
+
+    @property
+    def upstream(self) -> str:
+        if not self.lineage:
+            return ""
+        up = self.lineage["upstream"]
+        version = "partial" if up["version"] is None else up["version"]
+        return f"{up['table']}@{version}"
+
+    @property
+    def made_by(self) -> str:
+        if self.lineage:
+            return f"{self.lineage['query']}#{self.lineage['batch_id']}"
+        if self.tool:
+            return self.tool
+        return "" if self.operation == "CREATE TABLE" else "outside the pipeline"
+
+    def as_dict(self) -> dict:
+        return {"version": self.version, "timestamp": str(self.timestamp),
+                "operation": self.operation, "rows_added": self.rows_added,
+                "rows_removed": self.rows_removed, "made_by": self.made_by or None,
+                "upstream": self.lineage["upstream"] if self.lineage else None,
+                "lineage": self.lineage}
+
+
+def _int(metrics: dict, *keys: str) -> int:
+    return sum(int(metrics.get(k) or 0) for k in keys)
+
+
+def row_changes(operation: str, metrics: dict) -> tuple[int | None, int | None]:
+    """Rows added and removed by one commit, from its operation metrics. An updated row counts as
+    one removed and one added; rows a rewrite merely copies count as neither. None when the
+    operation has no row metrics (RESTORE, ...): the caller diffs the versions instead."""
+    if operation in ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"):
+        return 0, 0
+    if operation in ("WRITE", "STREAMING UPDATE", "CREATE TABLE AS SELECT") and "numOutputRows" in metrics:
+        return _int(metrics, "numOutputRows"), 0
+    if operation == "MERGE":
+        return (_int(metrics, "numTargetRowsInserted", "numTargetRowsUpdated"),
+                _int(metrics, "numTargetRowsUpdated", "numTargetRowsDeleted"))
+    if operation == "DELETE" and "numDeletedRows" in metrics:
+        return 0, _int(metrics, "numDeletedRows")
+    if operation == "UPDATE" and "numUpdatedRows" in metrics:
+        n = _int(metrics, "numUpdatedRows")
+        return n, n
+    return None, None
+
+
+def read_version(spark, path: str, version: int):
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def table_history(spark, path: str) -> list[Version]:
+    from delta.tables import DeltaTable
+
+    rows = (DeltaTable.forPath(spark, path).history()
+            .select("version", "timestamp", "operation", "operationParameters",
+                    "operationMetrics", "userMetadata")
+            .orderBy("version").collect())
+    history = []
+    for r in rows:
+        metrics = dict(r.operationMetrics or {})
+        added, removed = row_changes(r.operation, metrics)
+        if added is None and r.version > 0:
+            # Overwrites, RESTORE and the like: count the multiset difference itself.
+            before, after = read_version(spark, path, r.version - 1), read_version(spark, path, r.version)
+            added, removed = after.exceptAll(before).count(), before.exceptAll(after).count()
+        tagged = parse(r.userMetadata) or {}
+        history.append(Version(r.version, r.timestamp, r.operation, added, removed,
+                               tagged if "upstream" in tagged else None,
+                               dict(r.operationParameters or {}), tagged.get("made_by", "")))
+    return history

@@ -1,0 +1,207 @@
+"""Prefix integrity of a gold table: every version equals a batch job over the silver prefix
+it consumed.
+
+The stream's result at a version depends on more than the prefix: which micro-batch each
+event arrived in decides whether it was dropped as too late (Spark filters a batch's input
+against the previous batch's watermark) and, for sessions, which id a session was born with;
+the batch's watermark decides what is finalized or closed. All of that is in the commits'
+lineage (common/lineage.py), and each silver row's `_metadata.row_commit_version` says which
+silver version added it, hence which batch first read it. The recompute then runs the gold
+transforms the stream runs, in batch, over `silver VERSION AS OF <consumed version>`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from audit.history import Version, read_version
+from gold import sessions as S
+from gold import transform as T
+from gold.tables import GoldTable
+
+SAMPLE = 5
+ARRIVAL = "_arrival"
+ROW_VERSION = "_row_version"
+
+
+@dataclass
+class Batch:
+    """One micro-batch as its commit recorded it."""
+    index: int                # position among the table's batches, in commit order
+    upstream: int | None      # last silver version fully read (None: cut inside a version)
+    watermark_ms: int
+    late_watermark_ms: int
+
+
+@dataclass
+class VersionCheck:
+    version: int
+    operation: str
+    made_by: str
+    upstream: int | None
+    status: str               # PASS | FAIL | SKIP
+    expected_rows: int = 0
+    actual_rows: int = 0
+    missing: int = 0          # expected rows the table lacks
+    unexpected: int = 0       # table rows the recompute does not produce
+    missing_sample: list = field(default_factory=list)
+    unexpected_sample: list = field(default_factory=list)
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def batches_of(history: list[Version]) -> tuple[list[Batch], dict[int, int | None]]:
+    """The table's micro-batches, and for each version the batch whose result it should hold
+    (None before the first batch). A replayed batch commits again with the same lineage; a commit
+    made outside the pipeline holds whatever the batch before it produced."""
+    batches: list[Batch] = []
+    seen: dict[tuple, int] = {}
+    at_version: dict[int, int | None] = {}
+    current = None
+    for v in history:
+        lin = v.lineage
+        if lin is not None:
+            key = (lin["query_id"], lin["batch_id"])
+            if key not in seen:
+                seen[key] = len(batches)
+                batches.append(Batch(len(batches), lin["upstream"]["version"],
+                                     int(lin["watermark_ms"]), int(lin["late_watermark_ms"])))
+            current = seen[key]
+        at_version[v.version] = current
+    return batches, at_version
+
+
+def _case(column, branches: list[tuple[int, object]]):
+    """CASE WHEN column <= bound THEN value ... for ascending bounds."""
+    expr = None
+    for bound, value in branches:
+        expr = (F.when(column <= bound, F.lit(value)) if expr is None
+                else expr.when(column <= bound, F.lit(value)))
+    return expr if expr is not None else F.lit(None)
+
+
+def with_arrival(silver: DataFrame, batches: list[Batch]) -> DataFrame:
+    """Silver rows with the batch that first read them and that batch's late-row watermark.
+    A batch cut inside a silver version is skipped: its rows count as read by the next batch."""
+    complete = [b for b in batches if b.upstream is not None and b.upstream >= 0]
+    firsts, last_bound = [], -1
+    for b in complete:
+        if b.upstream > last_bound:          # batches that read nothing new add no branch
+            firsts.append(b)
+            last_bound = b.upstream
+    rcv = F.col(ROW_VERSION)
+    return (silver.withColumn(ARRIVAL, _case(rcv, [(b.upstream, b.index) for b in firsts]))
+            .withColumn("_late_ms", _case(rcv, [(b.upstream, b.late_watermark_ms) for b in firsts]))
+            .drop(ROW_VERSION))
+
+
+def has_row_tracking(spark, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    props = DeltaTable.forPath(spark, path).detail().select("properties").first()[0] or {}
+    return props.get("delta.enableRowTracking") == "true"
+
+
+def silver_rows(spark, silver_path: str, version: int, batches: list[Batch], tracked: bool) -> DataFrame:
+    """silver VERSION AS OF `version`, each row with the silver version that added it.
+
+    With row tracking that is `_metadata.row_commit_version`. A silver table created without it
+    (e.g. written by hand in a test) gets the same answer from snapshots: the first consumed
+    version whose snapshot holds the event_id."""
+    rows = read_version(spark, silver_path, version)
+    if tracked:
+        return rows.withColumn(ROW_VERSION, F.col("_metadata.row_commit_version"))
+    bounds = sorted({b.upstream for b in batches if b.upstream is not None and 0 <= b.upstream <= version})
+    firsts, previous = [], None
+    for bound in bounds:
+        ids = read_version(spark, silver_path, bound).select("event_id").distinct()
+        new = ids if previous is None else ids.join(previous, "event_id", "left_anti")
+        firsts.append(new.withColumn(ROW_VERSION, F.lit(bound)))
+        previous = ids
+    if not firsts:
+        return rows.withColumn(ROW_VERSION, F.lit(None).cast("long"))
+    first_seen = firsts[0]
+    for frame in firsts[1:]:
+        first_seen = first_seen.unionByName(frame)
+    return rows.join(first_seen, "event_id", "left")
+
+
+def on_time_events(silver_at_version: DataFrame, batches: list[Batch]) -> DataFrame:
+    # silver_at_version must carry ROW_VERSION (see silver_rows).
+    """What the stream's on_time() let through: rows not behind their batch's late watermark
+    (Spark drops event_time <= watermark), first arrival of each event_id."""
+    rows = with_arrival(silver_at_version, batches)
+    kept = rows.where(F.col("event_time") > F.timestamp_millis(F.col("_late_ms")))
+    return kept.dropDuplicates(["event_id"]).drop("_late_ms")
+
+
+def late_events(silver_at_version: DataFrame, batches: list[Batch]) -> int:
+    rows = with_arrival(silver_at_version, batches)
+    return rows.where(F.col("event_time") <= F.timestamp_millis(F.col("_late_ms"))).count()
+
+
+def expected_table(spec: GoldTable, cfg, events: DataFrame, watermark_ms: int) -> DataFrame:
+    if spec.windowed:
+        return T.with_finalized(spec.build(events, cfg), watermark_ms)
+    return S.replay_sessions(events, ARRIVAL, cfg.gold.session_gap.seconds, watermark_ms)
+
+
+def compare(expected: DataFrame, actual: DataFrame, check: VersionCheck) -> VersionCheck:
+    """Multiset comparison in one aggregation: rows grouped by every column (grouping treats
+    NULLs as equal), counting copies on each side; groups where the counts differ are the diff."""
+    cols = actual.columns
+    tagged = (expected.select(*cols).withColumn("_e", F.lit(1)).withColumn("_a", F.lit(0))
+              .unionByName(actual.withColumn("_e", F.lit(0)).withColumn("_a", F.lit(1))))
+    groups = tagged.groupBy(*cols).agg(F.sum("_e").alias("_e"), F.sum("_a").alias("_a"))
+    totals = groups.agg(F.sum("_e").alias("e"), F.sum("_a").alias("a"),
+                        F.sum(F.greatest(F.col("_e") - F.col("_a"), F.lit(0))).alias("m"),
+                        F.sum(F.greatest(F.col("_a") - F.col("_e"), F.lit(0))).alias("u")).first()
+    check.expected_rows, check.actual_rows = int(totals.e or 0), int(totals.a or 0)
+    check.missing, check.unexpected = int(totals.m or 0), int(totals.u or 0)
+    check.status = "FAIL" if check.missing or check.unexpected else "PASS"
+    if check.status == "FAIL":
+        sample = lambda cond: [  # noqa: E731
+            {k: v for k, v in r.asDict().items() if k not in ("_e", "_a")}
+            for r in groups.where(cond).orderBy(*cols).limit(SAMPLE).collect()]
+        check.missing_sample, check.unexpected_sample = sample("_e > _a"), sample("_a > _e")
+    return check
+
+
+def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
+                silver_path: str) -> list[VersionCheck]:
+    """PASS/FAIL/SKIP for every version of one gold table."""
+    batches, at_version = batches_of(history)
+    tracked = has_row_tracking(spark, silver_path)
+    empty = spark.read.format("delta").load(silver_path).limit(0).withColumn(ROW_VERSION, F.lit(0).cast("long"))
+    checks = []
+    expected_by_batch: dict[int | None, DataFrame] = {}
+    for v in history:
+        k = at_version[v.version]
+        batch = batches[k] if k is not None else None
+        check = VersionCheck(v.version, v.operation, v.made_by,
+                             batch.upstream if batch else -1, "SKIP")
+        if v.lineage is None and v.operation != "CREATE TABLE":
+            check.note = "commit made outside the pipeline"
+        if batch is not None and batch.upstream is None:
+            check.note = ("its batch stopped inside a silver version (gold.max_files_per_trigger), "
+                          "so no silver snapshot equals what it read")
+            checks.append(check)
+            continue
+        if k not in expected_by_batch:
+            if batch is None or batch.upstream < 0:
+                events = on_time_events(empty, [])
+            else:
+                events = on_time_events(silver_rows(spark, silver_path, batch.upstream, batches, tracked),
+                                        batches)
+            watermark = batch.watermark_ms if batch else 0
+            expected_by_batch[k] = expected_table(spec, cfg, events, watermark)
+        checks.append(compare(expected_by_batch[k], read_version(spark, path, v.version), check))
+    return checks
+
+
+def first_failure(checks: list[VersionCheck]) -> VersionCheck | None:
+    return next((c for c in checks if c.status == "FAIL"), None)
+

@@ -1,0 +1,76 @@
+"""The audit report as text: a table per lakehouse table, accounting, a verdict line last."""
+from __future__ import annotations
+
+
+def _fmt(n) -> str:
+    return "" if n is None else f"{n:,}"
+
+
+def _grid(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _prefix_cell(check: dict | None) -> str:
+    if check is None:
+        return ""
+    if check["status"] == "PASS":
+        return f"PASS ({check['actual_rows']:,} rows)"
+    if check["status"] == "FAIL":
+        return f"FAIL (-{check['missing']:,} +{check['unexpected']:,})"
+    return "SKIP"
+
+
+def render(report: dict) -> str:
+    out = []
+    for t in report["tables"]:
+        prefix = {c["version"]: c for c in t.get("prefix", [])}
+        headers = ["version", "time (UTC)", "operation", "+rows", "-rows", "made by", "upstream"]
+        if prefix:
+            headers.append("prefix integrity")
+        rows = []
+        for v in t["history"]:
+            up = v["upstream"]
+            cells = [str(v["version"]), v["timestamp"][:19], v["operation"], _fmt(v["rows_added"]),
+                     _fmt(v["rows_removed"]), v["made_by"] or "",
+                     "" if not up else f"{up['table']}@{'partial' if up['version'] is None else up['version']}"]
+            if prefix:
+                cells.append(_prefix_cell(prefix.get(v["version"])))
+            rows.append(cells)
+        summary = t.get("prefix_summary")
+        title = t["table"] + (f"  (prefix integrity: {summary['PASS']} PASS, {summary['FAIL']} FAIL, "
+                              f"{summary['SKIP']} SKIP)" if summary else "")
+        out += [title] + _grid(headers, rows)
+        for c in t.get("prefix", []):
+            if c["status"] == "FAIL":
+                out.append(f"  version {c['version']} ({c['operation']}, {c['made_by'] or 'table creation'}) "
+                           f"differs from the recompute over silver@{c['upstream']}: "
+                           f"{c['expected_rows']:,} rows expected, {c['actual_rows']:,} in the table")
+                for label, sample in (("missing from the table", c["missing_sample"]),
+                                      ("not produced by the pipeline", c["unexpected_sample"])):
+                    for row in sample:
+                        out.append(f"    {label}: {_row(row)}")
+            elif c["status"] == "SKIP" and c["note"]:
+                out.append(f"  version {c['version']}: SKIP, {c['note']}")
+        out.append("")
+    if report["accounting"]:
+        out.append("accounting")
+        width = max(len(a["name"]) for a in report["accounting"])
+        for a in report["accounting"]:
+            body = a["equation"] if a["left"] else a["note"]
+            note = f"  ({a['note']})" if a["left"] and a["note"] else ""
+            out.append(f"  {a['name'].ljust(width)}  {a['status']}  {body}{note}")
+        out.append("")
+    versions = sum(len(t.get("prefix", [])) for t in report["tables"])
+    if report["ok"]:
+        out.append(f"audit: PASS - {len(report['tables'])} tables, {versions} gold versions recomputed, "
+                   f"{len(report['accounting'])} accounting checks ({report['seconds']} s)")
+    else:
+        out.append(f"audit: FAIL - {len(report['failures'])} failed check(s):")
+        out += [f"  {f}" for f in report["failures"]]
+    return "\n".join(out)
+
+
+def _row(row: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in row.items())

@@ -1,0 +1,119 @@
+"""How long `make audit` takes on a gold table with many versions.
+
+    python -m bench.audit_versions [--versions 50]        (make bench-audit VERSIONS=50)
+
+Builds a lakehouse whose gold.zip_hourly_sightings has the requested number of versions, made by
+the real gold streaming query (processing-time trigger) over a silver table fed one small commit
+at a time, some of them with late events, then times the audit of that table.
+Results go to bench-results/audit-<timestamp>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from delta.tables import DeltaTable
+
+T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+DEVICES = [f"cam-{i:04d}" for i in range(1, 9)]
+
+
+def silver_commit(spark, cfg, schema, step: int, per_step: int = 12) -> None:
+    """One silver commit: events in the step's ten minutes, plus every third step an event
+    70 minutes old, which is behind gold's one-hour watermark by then (dropped as late)."""
+    times = [T0 + timedelta(minutes=10 * step, seconds=50 * i) for i in range(per_step)]
+    if step % 3 == 2:
+        times.append(T0 + timedelta(minutes=10 * step - 70))
+    rows = []
+    for i, t in enumerate(times):
+        device = DEVICES[(step + i) % len(DEVICES)]
+        d = {f.name: None for f in schema.fields}
+        d.update(event_id=f"e{step:04d}-{i:03d}", device_id=device, name=f"cam {device}",
+                 is_online=True, has_sound=False, has_motion=i % 2 == 0, has_person=i % 3 == 0,
+                 start_time=t, end_time=t, duration_seconds=0.0, event_time=t, event_date=t.date(),
+                 zip_code=f"9410{i % 4}", unknown_device=False, bronze_source="file",
+                 bronze_file_path="file:/landing/bench.json", bronze_line_number=i + 1,
+                 bronze_ingest_time=t, silver_batch_id=step)
+        rows.append(tuple(d[f.name] for f in schema.fields))
+    (spark.createDataFrame(rows, schema).coalesce(1).write.format("delta").mode("append")
+     .save(cfg.table_path("silver", "camera_events")))
+
+
+def gold_versions(spark, path: str) -> int:
+    return DeltaTable.forPath(spark, path).history(1).first().version + 1
+
+
+def build(spark, cfg, versions: int) -> int:
+    """Feed silver until gold.zip_hourly_sightings has at least `versions` versions; returns how
+    many silver commits that took. The query runs with a processing-time trigger, so a commit
+    is a data batch and the watermark's move a no-data batch after it, as in production."""
+    from gold.job import start as start_gold
+    from silver.job import ensure_tables
+
+    cfg.locations_csv.parent.mkdir(parents=True, exist_ok=True)
+    cfg.locations_csv.write_text("device_id,zip_code,city,state\n"
+                                 + "".join(f"{d},9410{i % 4},San Francisco,CA\n" for i, d in enumerate(DEVICES)))
+    ensure_tables(spark, cfg)
+    schema = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).schema
+    silver_commit(spark, cfg, schema, 0)
+    (query, books), = start_gold(spark, cfg, only={"sightings"}, suites={})
+    gold = cfg.table_path("gold", "zip_hourly_sightings")
+    step = 0
+    try:
+        while True:
+            query.processAllAvailable()
+            if gold_versions(spark, gold) >= versions:
+                break
+            step += 1
+            silver_commit(spark, cfg, schema, step)
+    finally:
+        query.stop()
+        books(query)   # every batch is still in recentProgress (numRecentProgressUpdates)
+    return step + 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.audit_versions", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--versions", type=int, default=50)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="audit-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(root / "lakehouse"), TRIGGER="processing-time",
+               TRIGGER_INTERVAL="100 ms")
+    from audit.__main__ import run_audit
+    from common.config import load_config
+    from common.spark import build_spark
+
+    cfg = load_config(env=env)
+    spark = build_spark(cfg, "bench-audit")
+    try:
+        started = time.monotonic()
+        commits = build(spark, cfg, args.versions)
+        build_s = time.monotonic() - started
+        started = time.monotonic()
+        report = run_audit(spark, cfg, "gold.zip_hourly_sightings")
+        audit_s = time.monotonic() - started
+    finally:
+        spark.stop()
+    checks = report["tables"][0]["prefix"]
+    result = {"versions": len(checks), "silver_commits": commits, "build_s": round(build_s, 1),
+              "audit_s": round(audit_s, 1), "per_version_s": round(audit_s / len(checks), 2),
+              "pass": sum(c["status"] == "PASS" for c in checks), "ok": report["ok"],
+              "cpus": os.cpu_count(), "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    out = Path(__file__).resolve().parent.parent / "bench-results"
+    out.mkdir(exist_ok=True)
+    (out / f"audit-{result['at'].replace(':', '')}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    print(f"audit of a {len(checks)}-version gold table: {audit_s:.1f} s "
+          f"({audit_s / len(checks):.2f} s per version), {result['pass']} PASS")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

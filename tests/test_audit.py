@@ -1,0 +1,278 @@
+"""make audit: lineage in every commit, prefix integrity of every gold version, accounting.
+
+The lakehouse is built by the real jobs (bronze file source, silver, gold) in three rounds on
+the same checkpoints. Later rounds carry events behind gold's one-hour watermark (dropped as
+late by gold, kept by silver) and behind silver's two-hour dedup watermark (dropped by silver),
+plus duplicates and a malformed line, so the audit has to account for every kind of drop.
+Tampering happens on a copy of that lakehouse.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from delta.tables import DeltaTable
+
+from audit.__main__ import run_audit
+from audit.history import table_history
+from audit.report import render
+from audit.restore import main as restore_main
+from common.config import TABLES, load_config
+from common.lineage import parse
+
+REPO = Path(__file__).resolve().parent.parent
+GOLD = [f"gold.{t}" for t in TABLES["gold"]]
+LOCATIONS = "device_id,zip_code,city,state\ncam-0001,02108,Boston,MA\ncam-0002,94105,San Francisco,CA\n" \
+            "cam-0003,10001,New York,NY\n"
+
+
+def at(hh_mm: str) -> str:
+    return f"2026-11-01T{hh_mm}:00.000Z"
+
+
+def record(*events: tuple[str, str], person: bool = True) -> str:
+    cams = {d: {"device_id": d, "name": d, "is_online": True,
+                "last_event": {"has_sound": False, "has_motion": True, "has_person": person,
+                               "start_time": at(t), "end_time": at(t)}} for d, t in events}
+    return json.dumps({"devices": {"cameras": cams}})
+
+
+ROUNDS = [
+    [record(("cam-0001", "10:00"), ("cam-0002", "10:00")), record(("cam-0001", "10:10")),
+     record(("cam-0001", "10:10")),                                   # duplicate
+     record(("cam-0003", "10:40"), ("cam-0002", "11:00")), record(("cam-0001", "11:30"), person=False)],
+    # gold's watermark is now 10:30, silver's 09:30
+    [record(("cam-0001", "12:00"), ("cam-0002", "12:20")), record(("cam-0003", "13:30")),
+     record(("cam-0002", "10:20")),                                   # late for gold only
+     record(("cam-0001", "09:00")),                                   # late for silver too
+     record(("cam-0009", "12:50")),                                   # unknown device
+     "{not json"],
+    # gold's watermark is now 12:30
+    [record(("cam-0001", "14:00"), ("cam-0002", "14:05")), record(("cam-0003", "12:45")),
+     record(("cam-0001", "12:10")),                                   # late for gold
+     record(("cam-0001", "12:10")),                                   # and a duplicate
+     record(("cam-0002", "15:30"))],
+]
+
+
+def run_round(spark, cfg, n: int, lines: list[str]) -> None:
+    from bronze.job import start as start_bronze
+    from gold.job import start as start_gold
+    from silver.job import start as start_silver
+
+    landing = Path(cfg.landing)
+    landing.mkdir(parents=True, exist_ok=True)
+    tmp = landing / f".round-{n}.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(landing / f"round-{n}.json")
+    start_bronze(spark, cfg, "files").awaitTermination()
+    query, books = start_silver(spark, cfg)
+    query.awaitTermination()
+    books(query)
+    pairs = start_gold(spark, cfg, suites={})      # gold's quality gate is not what is audited here
+    for query, books in pairs:
+        query.awaitTermination()
+        books(query)
+
+
+def lakehouse_config(root: Path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")
+           and not k.startswith("LAKEHOUSE__")}
+    return load_config(env={**env, "LAKEHOUSE_ROOT": str(root / "lakehouse"), "TRIGGER": "available-now"})
+
+
+def forget_names(spark) -> None:
+    for layer, tables in TABLES.items():
+        for table in tables:
+            spark.sql(f"DROP TABLE IF EXISTS {layer}.{table}")
+
+
+@pytest.fixture(scope="module")
+def lake(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("audit")
+    cfg = lakehouse_config(root)
+    cfg.locations_csv.parent.mkdir(parents=True, exist_ok=True)
+    cfg.locations_csv.write_text(LOCATIONS)
+    for n, lines in enumerate(ROUNDS):
+        run_round(spark, cfg, n, lines)
+    # The report the tests read is the one `make audit` prints, from a process of its own.
+    proc = cli(["make", "-s", "--no-print-directory", "audit", "JSON=1"], root)
+    yield SimpleNamespace(root=root, cfg=cfg, report=json.loads(proc.stdout) if proc.stdout else {},
+                          proc=proc)
+    forget_names(spark)
+
+
+def copy_lake(spark, lake, tmp_path):
+    shutil.copytree(lake.root / "lakehouse", tmp_path / "lakehouse")
+    forget_names(spark)
+    return lakehouse_config(tmp_path)
+
+
+def cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    env["LAKEHOUSE_ROOT"] = str(root / "lakehouse")
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+def prefix(report: dict, table: str) -> list[dict]:
+    return next(t["prefix"] for t in report["tables"] if t["table"] == table)
+
+
+# --- lineage -------------------------------------------------------------------------------
+
+def test_every_streaming_commit_records_its_upstream_version_query_and_batch(spark, lake):
+    expected_upstream = {"silver.camera_events": "bronze.events", "silver.quarantine": "bronze.events",
+                         **{g: "silver.camera_events" for g in GOLD}}
+    for name, upstream in expected_upstream.items():
+        history = table_history(spark, lake.cfg.table_path(*name.split(".")))
+        commits = [v for v in history if v.operation != "CREATE TABLE"]
+        assert commits, name
+        for v in commits:
+            assert v.lineage is not None, f"{name} v{v.version} ({v.operation}) has no lineage"
+            assert v.lineage["upstream"]["table"] == upstream
+            assert v.lineage["query_id"] and isinstance(v.lineage["batch_id"], int)
+            assert isinstance(v.lineage["upstream"]["version"], int)
+        # the consumed prefix only grows, batch after batch
+        ups = [v.lineage["upstream"]["version"] for v in commits]
+        assert ups == sorted(ups)
+    bronze_versions = DeltaTable.forPath(spark, lake.cfg.table_path("bronze", "events")).history().count()
+    silver_last = table_history(spark, lake.cfg.table_path("silver", "camera_events"))[-1]
+    assert silver_last.lineage["upstream"]["version"] == bronze_versions - 1
+    assert "silver.device_locations" in silver_last.lineage["dimensions"]
+
+
+def test_lineage_is_plain_delta_user_metadata(spark, lake):
+    """Any Delta reader sees it: DESCRIBE HISTORY's userMetadata column holds the JSON."""
+    path = lake.cfg.table_path("gold", "device_sessions")
+    rows = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("operation = 'MERGE'").collect()
+    assert rows and all(parse(r.userMetadata)["query"] == "gold_device_sessions" for r in rows)
+
+
+# --- a clean run -----------------------------------------------------------------------------
+
+def test_a_clean_pipeline_passes_every_audit(lake):
+    report = lake.report
+    assert report["ok"], report["failures"]
+    for table in GOLD:
+        checks = prefix(report, table)
+        assert len(checks) >= 5, f"{table}: expected a version per batch, got {len(checks)}"
+        assert {c["status"] for c in checks} == {"PASS"}, table
+        assert any(c["actual_rows"] for c in checks)
+    books = {a["name"]: a for a in report["accounting"]}
+    assert set(books) == {"silver", *GOLD}
+    assert all(a["status"] == "PASS" for a in books.values())
+    # the run exercised every kind of drop the identities account for
+    assert books["silver"]["right"]["duplicates dropped"] >= 2
+    assert books["silver"]["right"]["too late dropped"] >= 1
+    assert books["silver"]["right"]["quarantine"] >= 1
+    for table in GOLD:
+        assert books[table]["right"]["too late dropped"] >= 2, books[table]
+
+
+def test_gold_versions_differ_as_batches_advance(spark, lake):
+    """Not one trivially equal snapshot: content changes across versions, and later rounds
+    finalize windows that earlier ones left open."""
+    path = lake.cfg.table_path("gold", "zip_hourly_sightings")
+    counts = [spark.read.format("delta").option("versionAsOf", c["version"]).load(path)
+              .where("finalized").count() for c in prefix(lake.report, "gold.zip_hourly_sightings")]
+    assert counts[-1] > counts[1] >= 0
+    assert len(set(counts)) >= 3
+
+
+def test_make_audit_exits_zero_and_prints_pass(lake):
+    assert lake.proc.returncode == 0, lake.proc.stdout[-3000:] + lake.proc.stderr[-3000:]
+    text = render(lake.report)
+    assert text.splitlines()[-1].startswith("audit: PASS")
+    assert all(name in text for name in GOLD + ["silver.camera_events", "bronze.events"])
+    assert "FAIL (" not in text
+
+
+# --- tampering ------------------------------------------------------------------------------
+
+def test_deleted_gold_rows_fail_the_audit_naming_table_and_version(spark, lake, tmp_path):
+    cfg = copy_lake(spark, lake, tmp_path)
+    path = cfg.table_path("gold", "zip_hourly_sightings")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE zip_code = '02108'")
+    tampered = DeltaTable.forPath(spark, path).history(1).first().version
+
+    report = run_audit(spark, cfg, "gold.zip_hourly_sightings")
+    assert not report["ok"]
+    failed = [c for c in prefix(report, "gold.zip_hourly_sightings") if c["status"] == "FAIL"]
+    assert [c["version"] for c in failed] == [tampered]
+    assert failed[0]["operation"] == "DELETE" and failed[0]["made_by"] == "outside the pipeline"
+    assert failed[0]["missing"] > 0 and failed[0]["unexpected"] == 0
+    assert all(r["zip_code"] == "02108" for r in failed[0]["missing_sample"])
+    assert any(f"gold.zip_hourly_sightings version {tampered} (DELETE" in f for f in report["failures"])
+    forget_names(spark)
+
+
+def test_a_changed_count_fails_make_audit_with_a_non_zero_exit(spark, lake, tmp_path):
+    cfg = copy_lake(spark, lake, tmp_path)
+    path = cfg.table_path("gold", "device_sessions")
+    spark.sql(f"UPDATE delta.`{path}` SET events = events + 1 WHERE device_id = 'cam-0002'")
+    tampered = DeltaTable.forPath(spark, path).history(1).first().version
+    forget_names(spark)
+
+    proc = cli(["make", "-s", "--no-print-directory", "audit", "TABLE=gold.device_sessions", "JSON=1"],
+               tmp_path)
+    assert proc.returncode != 0 and "Error 1" in proc.stderr, proc.stderr[-3000:]   # audit exited 1
+    report = json.loads(proc.stdout)
+    failed = [c for c in prefix(report, "gold.device_sessions") if c["status"] == "FAIL"]
+    assert [c["version"] for c in failed] == [tampered]
+    assert failed[0]["operation"] == "UPDATE"
+    assert failed[0]["missing"] == failed[0]["unexpected"] > 0
+    assert all(r["device_id"] == "cam-0002" for r in failed[0]["unexpected_sample"])
+
+
+def test_restore_brings_back_the_old_content_and_the_audit_sees_it(spark, lake, tmp_path):
+    cfg = copy_lake(spark, lake, tmp_path)
+    path = cfg.table_path("gold", "device_activity")
+    good = DeltaTable.forPath(spark, path).history(1).first().version
+    before = sorted(spark.read.format("delta").load(path).collect())
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE device_id = 'cam-0001'")
+    assert len(spark.read.format("delta").load(path).collect()) < len(before)
+    forget_names(spark)
+
+    assert restore_main(["gold.device_activity", str(good), "--yes"], spark=spark, cfg=cfg) == 0
+    assert sorted(spark.read.format("delta").load(path).collect()) == before
+    history = table_history(spark, path)
+    assert history[-1].operation == "RESTORE"
+
+    report = run_audit(spark, cfg, "gold.device_activity")
+    checks = prefix(report, "gold.device_activity")
+    assert checks[-1]["status"] == "PASS"                 # the restored content is right again
+    assert [c["status"] for c in checks[-2:]] == ["FAIL", "PASS"]   # the edit stays on record
+    forget_names(spark)
+
+
+# --- many versions ----------------------------------------------------------------------------
+
+def test_audit_of_a_50_version_gold_table(spark, tmp_path):
+    """Built by the real gold query over 20-odd silver commits; the duration is reported by
+    `make bench-audit`, here it is only printed."""
+    from bench.audit_versions import build
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    cfg = load_config(env={**env, "LAKEHOUSE_ROOT": str(tmp_path / "lakehouse"),
+                           "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "100 ms"})
+    try:
+        build(spark, cfg, 50)
+        started = time.monotonic()
+        report = run_audit(spark, cfg, "gold.zip_hourly_sightings")
+        elapsed = time.monotonic() - started
+    finally:
+        forget_names(spark)
+    checks = prefix(report, "gold.zip_hourly_sightings")
+    print(f"\naudit of {len(checks)} gold versions: {elapsed:.1f} s")
+    assert len(checks) >= 50
+    assert report["ok"], report["failures"]
+    assert all(c["status"] == "PASS" for c in checks)
+    late = next(a for a in report["accounting"] if a["name"] == "gold.zip_hourly_sightings")
+    assert late["status"] == "PASS" and late["right"]["too late dropped"] > 0
