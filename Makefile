@@ -18,7 +18,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo kafka-up kafka-down kafka-status clean clean-lakehouse
+        seed-locations sql demo audit bench-audit kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -82,6 +82,14 @@ run-gold: setup ## silver.camera_events -> gold.zip_hourly_sightings, gold.devic
 sql: setup ## make sql Q="SELECT ..." prints a table; plain `make sql` opens a spark-sql shell (Delta + tables)
 	@$(PY) -m common.sql $(if $(Q),"$$Q") $(if $(LIMIT),--limit $(LIMIT))
 
+diff: setup ## Rows added/removed between two versions: TABLE=gold.x FROM=3 TO=7 (SAMPLE=N, JSON=1)
+	@test -n "$(TABLE)" -a -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make diff TABLE=<layer.table> FROM=<version> TO=<version> [SAMPLE=N] [JSON=1]" >&2; exit 2; }
+	@$(PY) -m audit.diff "$(TABLE)" "$(FROM)" "$(TO)" $(if $(SAMPLE),--sample "$(SAMPLE)") $(if $(JSON),--json)
+
+restore: setup ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks first; YES=1 does not)
+	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }
+	@$(PY) -m audit.restore "$(TABLE)" "$(VERSION)" $(if $(YES),--yes)
+
 run-all: setup ## bronze -> silver -> gold, in order, each with an available-now trigger
 	TRIGGER=available-now $(MAKE) --no-print-directory run-bronze
 	TRIGGER=available-now $(MAKE) --no-print-directory run-silver
@@ -92,6 +100,13 @@ demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gol
 	$(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED)
 	$(MAKE) --no-print-directory run-all
 	@$(PY) -m common.sql -f conf/demo.sql 2>/dev/null
+
+audit: setup ## Audit every table (TABLE=<name> for one): history, prefix integrity of every gold version, accounting (JSON=1)
+	@$(PY) -m audit $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)
+
+VERSIONS ?= 50
+bench-audit: setup ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
+	$(PY) -m bench.audit_versions --versions $(VERSIONS)
 
 BENCH_N ?= 1000000
 bench: setup ## Throughput of bronze, silver, gold on BENCH_N events (default 1M); results in bench-results/

@@ -21,7 +21,7 @@ from audit import books as B
 from audit import prefix as P
 from audit.history import table_history
 from audit.report import render
-from audit.tables import TableError, existing, resolve
+from audit.tables import TableError, existing, resolve, spark_session
 from common.config import ConfigError, load_config
 
 SILVER_BOOKS_TABLES = {"bronze.events", "silver.camera_events", "silver.quarantine",
@@ -107,13 +107,8 @@ def main(argv=None) -> int:
     except (ConfigError, TableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from common.spark import build_spark
-
-    spark = build_spark(cfg, "audit")
-    try:
+    with spark_session(cfg) as spark:
         report = run_audit(spark, cfg, args.table)
-    finally:
-        spark.stop()
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -1,6 +1,7 @@
 """Table names for the audit tools, and who reads and writes each table as a stream."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from common.config import TABLES, Config
@@ -45,3 +46,18 @@ def resolve(cfg: Config, name: str, must_exist: bool = True) -> str:
 
 def existing(cfg: Config) -> list[str]:
     return [n for n in all_names() if (Path(resolve(cfg, n, must_exist=False)) / "_delta_log").is_dir()]
+
+
+@contextmanager
+def spark_session(cfg: Config, spark=None, app: str = "audit"):
+    """The caller's session (tests pass theirs, left running), or a new one stopped afterwards."""
+    if spark is not None:
+        yield spark
+        return
+    from common.spark import build_spark
+
+    session = build_spark(cfg, app)
+    try:
+        yield session
+    finally:
+        session.stop()
