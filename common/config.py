@@ -22,7 +22,7 @@ TABLES = {
     "bronze": ("events",),
     "silver": ("camera_events", "quarantine", "device_locations"),
     "gold": ("zip_hourly_sightings", "device_activity", "device_sessions"),
-    "ops": ("dq_results", "batch_accounting"),
+    "ops": ("dq_results", "batch_accounting", "query_progress"),
 }
 
 # Short names users already know, mapped onto config keys.
@@ -188,6 +188,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
              "activity_window": parse_duration, "activity_slide": parse_duration,
              "session_gap": parse_duration, "stats_to_kafka": _bool,
              "expectations": _existing_file, "max_files_per_trigger": _pos_int},
+    "monitoring": {"progress_flush": parse_duration, "log_batches": _bool},
     "generator": {"devices": _pos_int, "unknown_devices": _int, "cameras_per_record_max": _pos_int,
                   "span": parse_duration, "start": _timestamp, "files": _pos_int,
                   "duplicate_rate": _rate, "late_rate": _rate, "max_lateness": parse_duration,

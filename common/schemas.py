@@ -1,5 +1,6 @@
 """Table schemas that more than one layer reads or writes."""
-from pyspark.sql.types import (BooleanType, DateType, IntegerType, LongType, StringType, StructField,
+from pyspark.sql.types import (BooleanType, DateType, DoubleType, IntegerType, LongType, MapType,
+                               StringType, StructField,
                                StructType, TimestampType)
 
 # bronze.events: the raw record untouched, plus where it came from and when it arrived.
@@ -53,4 +54,28 @@ DQ_RESULTS = StructType([
     StructField("unexpected_count", LongType(), True),
     StructField("observed_value", StringType(), True),
     StructField("evaluated_at", TimestampType(), False),
+])
+
+# ops.query_progress: every progress event of every streaming query (common/progress.py),
+# plus one row when a query terminates (event = 'terminated', with its error if it failed).
+QUERY_PROGRESS = StructType([
+    StructField("event", StringType(), False),          # 'progress' | 'terminated'
+    StructField("query_name", StringType(), True),
+    StructField("query_id", StringType(), False),
+    StructField("run_id", StringType(), False),
+    StructField("batch_id", LongType(), True),
+    StructField("timestamp", TimestampType(), False),   # trigger start (progress) or termination
+    StructField("input_rows", LongType(), True),
+    StructField("input_rows_per_second", DoubleType(), True),
+    StructField("processed_rows_per_second", DoubleType(), True),
+    StructField("batch_duration_ms", LongType(), True),
+    StructField("duration_ms", MapType(StringType(), LongType()), True),   # addBatch, getBatch, ...
+    StructField("state_rows", LongType(), True),
+    StructField("state_memory_bytes", LongType(), True),
+    StructField("watermark", TimestampType(), True),
+    StructField("source_lag", LongType(), True),        # behind the source's latest offset
+    StructField("lag_unit", StringType(), True),        # 'messages' (Kafka) | 'versions' (Delta)
+    StructField("sources", StringType(), True),         # the progress' sources, JSON
+    StructField("error", StringType(), True),
+    StructField("recorded_at", TimestampType(), False),
 ])

@@ -123,11 +123,15 @@ def failure_message(e: Exception) -> str:
 
 
 def run_job(cfg: Config, app_name: str, body) -> int:
-    """Build the session, run body(spark), turn failures into an exit code and a message
-    (2: something the user can fix; 1: a query failed, e.g. a quality gate), stop Spark."""
+    """Build the session, record query progress (ops.query_progress), run body(spark), turn
+    failures into an exit code and a message (2: something the user can fix; 1: a query failed,
+    e.g. a quality gate), stop Spark."""
+    from common.progress import ProgressRecorder
     from common.spark import build_spark
 
     spark = build_spark(cfg, app_name)
+    recorder = ProgressRecorder(spark, cfg)
+    spark.streams.addListener(recorder)
     try:
         body(spark)
     except JobError as e:
@@ -137,5 +141,8 @@ def run_job(cfg: Config, app_name: str, body) -> int:
             raise
         return fail(failure_message(e), 1)
     finally:
-        spark.stop()
+        try:
+            recorder.close()
+        finally:
+            spark.stop()
     return 0

@@ -1,0 +1,163 @@
+"""make status: each streaming query's latest batch, rates, lag, state and last error.
+
+    python -m common.status [--json]
+
+Reads ops.query_progress (written by every job while it runs) and the queries' checkpoints, so
+it works while jobs run and after they stop. A checkpoint whose offset log is ahead of its
+commit log has a batch running now, or one that was interrupted and will be replayed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from common.config import TABLES, ConfigError, load_config
+
+QUERIES = ("bronze_files", "bronze_kafka", "silver", *(f"gold_{t}" for t in TABLES["gold"]))
+
+
+def checkpoint_batches(checkpoint: str) -> tuple[int | None, int | None]:
+    """(latest planned batch, latest committed batch) from the offset and commit logs."""
+    def latest(folder: str):
+        d = Path(checkpoint) / folder
+        ids = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
+        return max(ids) if ids else None
+    return latest("offsets"), latest("commits")
+
+
+def delta_lag(spark, sources_json: str | None) -> str | None:
+    """Versions a Delta source's table has beyond what the query has read, measured now (the
+    Delta source reports no latest offset in its progress)."""
+    import re
+
+    from delta.tables import DeltaTable
+
+    from common.lineage import consumed_version
+
+    behind = None
+    for s in json.loads(sources_json or "[]"):
+        m = re.match(r"DeltaSource\[(.+)\]$", s.get("description") or "")
+        end = s.get("endOffset")
+        if not m or not isinstance(end, dict):
+            continue
+        read = consumed_version(end)
+        if read is None:
+            read = int(end["reservoirVersion"]) - 1
+        latest = DeltaTable.forPath(spark, m.group(1)).history(1).first().version
+        behind = (behind or 0) + max(0, latest - read)
+    return None if behind is None else f"{behind:,} versions"
+
+
+def error_summary(text: str, width: int = 160) -> str:
+    """The line that says what went wrong: a Python error raised in foreachBatch arrives wrapped
+    in py4j and Spark exceptions, whose first lines only say that something was raised."""
+    import re
+
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    own = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)
+           and not line.startswith(("py4j.", "org.apache.spark", "java."))]
+    return (own[-1] if own else lines[0])[:width]
+
+
+def query_status(spark, cfg) -> list[dict]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    path = cfg.table_path("ops", "query_progress")
+    rows: dict[str, dict] = {}
+    if (Path(path) / "_delta_log").is_dir():
+        progress = spark.read.format("delta").load(path)
+        latest = (progress.where("event = 'progress'")
+                  .withColumn("_n", F.row_number().over(Window.partitionBy("query_name")
+                                                        .orderBy(F.desc("timestamp"), F.desc("batch_id"))))
+                  .where("_n = 1").drop("_n").collect())
+        ends = progress.where("event = 'terminated' AND query_name IS NOT NULL").orderBy("timestamp").collect()
+        last_end = {r.query_name: r for r in ends}
+        last_error = {r.query_name: r for r in ends if r.error}
+        for r in latest:
+            rows[r.query_name] = {
+                "query": r.query_name, "batch": r.batch_id,
+                "at": r.timestamp, "rows": r.input_rows, "input_per_s": r.input_rows_per_second,
+                "processed_per_s": r.processed_rows_per_second,
+                "batch_s": (r.batch_duration_ms or 0) / 1000,
+                "lag": (delta_lag(spark, r.sources) if r.source_lag is None
+                        else f"{r.source_lag:,} {r.lag_unit}"),
+                "state_rows": r.state_rows, "state_mb": None if r.state_memory_bytes is None
+                else round(r.state_memory_bytes / 2**20, 1),
+                "watermark": r.watermark, "_run": r.run_id}
+        for name in set(last_end) - set(rows):       # failed before finishing any batch
+            rows[name] = {"query": name, "_run": last_end[name].run_id}
+        for name, row in rows.items():
+            end = last_end.get(name)
+            running = end is None or end.run_id != row["_run"] and end.timestamp < row["at"]
+            row["state"] = "running" if running else ("failed" if end.error else "stopped")
+            if name in last_error:
+                row["last_error"] = error_summary(last_error[name].error)
+                row["error_at"] = last_error[name].timestamp
+            del row["_run"]
+    for q in QUERIES:
+        planned, committed = checkpoint_batches(cfg.checkpoint(q))
+        if planned is None and q not in rows:
+            continue
+        row = rows.setdefault(q, {"query": q, "state": "no progress recorded"})
+        row["checkpoint"] = (f"{committed} committed" if planned == committed or planned is None
+                             else f"batch {planned} planned, {committed} committed")
+    return list(rows.values())
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, datetime):
+        return v.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if v.year > 1970 else ""
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+COLUMNS = [("query", "query"), ("state", "state"), ("batch", "batch"), ("at", "last batch (UTC)"),
+           ("rows", "rows"), ("input_per_s", "in/s"), ("processed_per_s", "done/s"),
+           ("batch_s", "batch s"), ("lag", "lag"), ("state_rows", "state rows"),
+           ("state_mb", "state MB"), ("watermark", "watermark"), ("checkpoint", "checkpoint"),
+           ("last_error", "last error")]
+
+
+def render(rows: list[dict]) -> str:
+    if not rows:
+        return "no streaming query has run yet under this lakehouse (make run-all)"
+    table = [[h for _, h in COLUMNS]] + [[_cell(r.get(k)) for k, _ in COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
+
+
+def main(argv=None, *, spark=None, cfg=None) -> int:
+    parser = argparse.ArgumentParser(prog="common.status", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        cfg = cfg or load_config()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    own = spark is None
+    if own:
+        from common.spark import build_spark
+
+        spark = build_spark(cfg, "status")
+    try:
+        rows = query_status(spark, cfg)
+    finally:
+        if own:
+            spark.stop()
+    print(json.dumps(rows, indent=2, default=str) if args.json else render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

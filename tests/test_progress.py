@@ -1,0 +1,113 @@
+"""Progress capture (ops.query_progress via a StreamingQueryListener) and `make status`."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from common import status
+from common.progress import ProgressRecorder, log_line, source_lag
+
+LINE = re.compile(r"^\S+\s+batch \d+  [\d,]+ rows  [\d,]+ rows/s  \d+\.\d s  wm (\d\d:\d\d|-)$")
+
+
+def source_table(spark, cfg, versions: int) -> str:
+    path = cfg.table_path("bronze", "events")       # any Delta table serves as a stream source
+    for v in range(versions):
+        spark.range(v * 10, v * 10 + 10).coalesce(1).write.format("delta").mode("append").save(path)
+    return path
+
+
+def run_query(spark, cfg, path, name, body=lambda df, batch_id: df.count()):
+    query = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(path)
+             .writeStream.queryName(name).foreachBatch(body)
+             .option("checkpointLocation", cfg.checkpoint(name)).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+    return query
+
+
+@pytest.fixture
+def recorded(spark, cfg):
+    lines = []
+    recorder = ProgressRecorder(spark, cfg, log=lambda text, flush=False: lines.append(text))
+    spark.streams.addListener(recorder)
+    yield recorder, lines
+    spark.streams.removeListener(recorder)
+
+
+def progress(spark, cfg):
+    return spark.read.format("delta").load(cfg.table_path("ops", "query_progress"))
+
+
+def test_every_batch_is_recorded_with_its_rates_and_a_log_line(spark, cfg, recorded):
+    recorder, lines = recorded
+    path = source_table(spark, cfg, 3)
+    query = run_query(spark, cfg, path, "silver")
+    recorder.close()
+
+    rows = progress(spark, cfg).where("event = 'progress'").orderBy("batch_id").collect()
+    assert [r.batch_id for r in rows] == [0, 1, 2]
+    assert sum(r.input_rows for r in rows) == 30
+    assert all(r.query_name == "silver" and r.query_id == str(query.id) for r in rows)
+    assert all(r.batch_duration_ms >= 0 and "addBatch" in r.duration_ms for r in rows)
+    assert all(r.processed_rows_per_second > 0 for r in rows if r.input_rows)
+    ended = progress(spark, cfg).where("event = 'terminated'").collect()
+    assert [(r.run_id, r.error) for r in ended] == [(str(query.runId), None)]
+    assert len(lines) == 3 and all(LINE.match(line) for line in lines), lines
+    assert lines[0].startswith("silver    batch 0  10 rows")
+
+
+def test_a_failed_query_records_its_error_and_status_shows_it(spark, cfg, recorded, capsys):
+    recorder, _ = recorded
+    path = source_table(spark, cfg, 2)
+    run_query(spark, cfg, path, "silver")
+
+    def broken(df, batch_id):
+        raise ValueError("disk full on purpose")
+
+    with pytest.raises(StreamingQueryException):
+        run_query(spark, cfg, path, "gold_device_sessions", broken)
+    recorder.close()
+
+    assert status.main([], spark=spark, cfg=cfg) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(rows) == {"silver", "gold_device_sessions"}
+    assert re.search(r"silver\s+stopped\s+1\s", rows["silver"])
+    assert "1 committed" in rows["silver"]
+    # The failed query finished no batch: its state and error come from its termination event,
+    # and its checkpoint shows the batch it planned but never committed.
+    failed = rows["gold_device_sessions"]
+    assert re.search(r"gold_device_sessions\s+failed\s", failed)
+    assert "batch 0 planned, None committed" in failed
+    assert "disk full on purpose" in failed
+
+
+def test_status_reports_lag_behind_a_delta_source(spark, cfg, recorded, capsys):
+    recorder, _ = recorded
+    path = source_table(spark, cfg, 2)
+    run_query(spark, cfg, path, "silver")
+    recorder.close()
+    source_table(spark, cfg, 3)                      # three more versions the query has not read
+    rows = status.query_status(spark, cfg)
+    assert [r["lag"] for r in rows if r["query"] == "silver"] == ["3 versions"]
+
+
+def test_kafka_lag_is_latest_minus_end_offset():
+    sources = [{"description": "KafkaV2[Subscribe[nest-logs]]",
+                "endOffset": {"nest-logs": {"0": 40, "1": 10}},
+                "latestOffset": {"nest-logs": {"0": 50, "1": 10}}}]
+    assert source_lag(sources) == (10, "messages")
+
+
+def test_log_line_shape():
+    from datetime import datetime, timezone
+
+    row = {"query_name": "silver", "query_id": "x", "batch_id": 42, "input_rows": 12345,
+           "processed_rows_per_second": 8210.4, "batch_duration_ms": 1500,
+           "watermark": datetime(2026, 11, 1, 12, 4, tzinfo=timezone.utc)}
+    assert log_line(row) == "silver    batch 42  12,345 rows  8,210 rows/s  1.5 s  wm 12:04"
