@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = spark.read.format("delta").load(cfg.table_path("bronze", "events")).count()
         print(f"bronze: done; bronze.events holds {rows} rows", flush=True)
 
-    return run_job(cfg, "bronze", body)
+    return run_job(cfg, "bronze", body, [QUERY_NAME[cfg.bronze.source]])
 
 
 if __name__ == "__main__":

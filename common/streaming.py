@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from common.config import Config
 from common.lineage import batch_watermark_ms  # noqa: F401  (re-exported for the jobs)
@@ -122,10 +123,56 @@ def failure_message(e: Exception) -> str:
     return text.split("\n\tat ")[0]
 
 
-def run_job(cfg: Config, app_name: str, body) -> int:
-    """Build the session, record query progress (ops.query_progress), run body(spark), turn
-    failures into an exit code and a message (2: something the user can fix; 1: a query failed,
-    e.g. a quality gate), stop Spark."""
+class CheckpointLocks:
+    """Exclusive locks on the queries' checkpoints, held while a job runs.
+
+    Two processes on one checkpoint would race on its offset log and corrupt it. flock() locks
+    die with the process that holds them, so a crashed job never leaves a stale lock."""
+
+    def __init__(self, cfg: Config, queries):
+        self.paths = [Path(cfg.checkpoint(q)).with_name(f"{q}.lock") for q in queries]
+        self._files = []
+
+    def __enter__(self):
+        import fcntl
+
+        for path in self.paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                f.close()
+                self.__exit__()
+                raise JobError(f"checkpoint {path.with_suffix('')} is in use by {holder}: another "
+                               f"instance of this job is running; stop it first") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            f.flush()
+            self._files.append(f)
+        return self
+
+    def __exit__(self, *exc):
+        for f in self._files:
+            f.close()
+        self._files = []
+
+
+def run_job(cfg: Config, app_name: str, body, queries=()) -> int:
+    """Lock the queries' checkpoints, build the session, record query progress
+    (ops.query_progress), run body(spark), turn failures into an exit code and a message
+    (2: something the user can fix; 1: a query failed, e.g. a quality gate), stop Spark."""
+    try:
+        with CheckpointLocks(cfg, queries):
+            return _run_job(cfg, app_name, body)
+    except JobError as e:
+        return fail(str(e))
+
+
+def _run_job(cfg: Config, app_name: str, body) -> int:
     from common.progress import ProgressRecorder
     from common.spark import build_spark
 

@@ -171,7 +171,7 @@ def main(argv=None) -> int:
             n = spark.read.format("delta").load(cfg.table_path("gold", name.split(".")[1])).count()
             print(f"gold: {name} holds {n} rows", flush=True)
 
-    return run_job(cfg, "gold", body)
+    return run_job(cfg, "gold", body, [t.query for t in TABLES if not only or t.key in only])
 
 
 if __name__ == "__main__":

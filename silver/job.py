@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         n = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
         print(f"silver: done; silver.camera_events holds {n} rows", flush=True)
 
-    return run_job(cfg, "silver", body)
+    return run_job(cfg, "silver", body, [QUERY])
 
 
 if __name__ == "__main__":

@@ -111,3 +111,38 @@ def test_log_line_shape():
            "processed_rows_per_second": 8210.4, "batch_duration_ms": 1500,
            "watermark": datetime(2026, 11, 1, 12, 4, tzinfo=timezone.utc)}
     assert log_line(row) == "silver    batch 42  12,345 rows  8,210 rows/s  1.5 s  wm 12:04"
+
+
+# --- one instance per checkpoint --------------------------------------------------------------
+
+def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
+    import os
+    import subprocess
+    import sys
+
+    from common.streaming import CheckpointLocks
+
+    repo = __import__("pathlib").Path(__file__).resolve().parent.parent
+    with CheckpointLocks(cfg, ["silver"]):
+        proc = subprocess.run([sys.executable, "-m", "silver.job"], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"in use by pid {os.getpid()}" in proc.stderr and "another instance" in proc.stderr
+    assert "SparkSession" not in proc.stderr              # refused before Spark started
+
+    # a holder killed with -9 leaves no stale lock behind
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from common.config import load_config; "
+                               "from common.streaming import CheckpointLocks; "
+                               "l = CheckpointLocks(load_config(), ['silver']).__enter__(); "
+                               "print('locked', flush=True); time.sleep(600)"],
+                              cwd=repo, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(Exception, match="another instance"):
+            CheckpointLocks(cfg, ["silver"]).__enter__()
+    finally:
+        holder.kill()
+        holder.wait()
+    with CheckpointLocks(cfg, ["silver"]):
+        pass
