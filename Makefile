@@ -90,10 +90,8 @@ restore: setup ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks f
 	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }
 	@$(PY) -m audit.restore "$(TABLE)" "$(VERSION)" $(if $(YES),--yes)
 
-run-all: setup ## bronze -> silver -> gold, in order, each with an available-now trigger
-	TRIGGER=available-now $(MAKE) --no-print-directory run-bronze
-	TRIGGER=available-now $(MAKE) --no-print-directory run-silver
-	TRIGGER=available-now $(MAKE) --no-print-directory run-gold
+run-all: setup ## bronze -> silver -> gold; TRIGGER=processing-time runs all three at once until Ctrl-C/SIGTERM
+	$(PY) -m common.run_all $(if $(TRIGGER),--trigger $(TRIGGER))
 
 DEMO_N ?= 20000
 demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql)

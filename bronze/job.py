@@ -70,7 +70,7 @@ def start(spark, cfg, source: str):
     return (rows.writeStream.format("delta").queryName(name)
             .option("checkpointLocation", cfg.checkpoint(name))
             .outputMode("append")
-            .trigger(**trigger(cfg))
+            .trigger(**trigger(cfg, "bronze"))
             .start(path))
 
 

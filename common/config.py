@@ -82,6 +82,10 @@ def parse_duration(value: Any) -> Duration:
 
 # --- value validators: each takes the raw value and returns the typed one ---------------
 
+def _opt_duration(v):
+    return None if v is None or str(v).strip().lower() in ("", "null", "none") else parse_duration(v)
+
+
 def _str(v):
     if isinstance(v, (dict, list)) or v is None:
         raise ValueError(f"expected a string, got {v!r}")
@@ -178,7 +182,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
               "source": {"starting_offsets": _str, "max_offsets_per_trigger": _pos_int,
                          "fail_on_data_loss": _bool}},
     "streaming": {"trigger": _one_of("available-now", "processing-time"),
-                  "trigger_interval": parse_duration},
+                  "trigger_interval": parse_duration, "bronze_interval": _opt_duration,
+                  "silver_interval": _opt_duration, "gold_interval": _opt_duration,
+                  "stop_timeout": parse_duration},
     "bronze": {"source": _one_of("files", "kafka"), "max_files_per_trigger": _pos_int,
                "latest_first": _bool},
     "silver": {"dedup_watermark": parse_duration, "min_event_time": _timestamp,
@@ -313,4 +319,7 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
             if f"'{key}'" in str(e):
                 raise ConfigError(f"{e} (value from environment variable {var})") from None
         raise
-    return Config(values, conf_path)
+    cfg = Config(values, conf_path)
+    # An interval given on the command line or in TRIGGER_INTERVAL beats the per-layer ones.
+    cfg.streaming_interval_forced = "streaming.trigger_interval" in origin
+    return cfg

@@ -19,10 +19,18 @@ class JobError(RuntimeError):
     """A problem the user can fix (missing input, unreachable broker...): printed, exit code 2."""
 
 
-def trigger(cfg: Config) -> dict:
+def trigger(cfg: Config, layer: str | None = None) -> dict:
     if cfg.streaming.trigger == "available-now":
         return {"availableNow": True}
-    return {"processingTime": cfg.streaming.trigger_interval.spark()}
+    return {"processingTime": interval(cfg, layer).spark()}
+
+
+def interval(cfg: Config, layer: str | None = None):
+    """The layer's own processing-time interval, or the shared one. TRIGGER_INTERVAL (or
+    --interval) overrides them all."""
+    own = getattr(cfg.streaming, f"{layer}_interval", None) if layer else None
+    forced = getattr(cfg, "streaming_interval_forced", False)
+    return own if own is not None and not forced else cfg.streaming.trigger_interval
 
 
 def add_trigger_args(parser, cfg_default_help: str = "") -> None:

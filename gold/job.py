@@ -138,7 +138,7 @@ def start(spark, cfg, only=None, suites=None):
                  .outputMode("update")
                  .foreachBatch(batch)
                  .option("checkpointLocation", cfg.checkpoint(spec.query))
-                 .trigger(**trigger(cfg))
+                 .trigger(**trigger(cfg, "gold"))
                  .start())
         started.append((query, books))
     return started

@@ -147,7 +147,7 @@ def start(spark, cfg, suite=None):
     query = (deduped.writeStream.queryName(QUERY)
              .foreachBatch(SilverBatch(spark, cfg, suite, books))
              .option("checkpointLocation", cfg.checkpoint(QUERY))
-             .trigger(**trigger(cfg))
+             .trigger(**trigger(cfg, "silver"))
              .start())
     return query, books
 
