@@ -18,7 +18,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit status kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
+        seed-locations sql demo audit bench-audit status report kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -101,6 +101,9 @@ demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gol
 
 status: setup ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
 	@$(PY) -m common.status $(if $(JSON),--json)
+
+report: setup ## PNG charts + index.html from ops.query_progress, dq_results, quarantine (under paths.reports)
+	@$(PY) -m common.report
 
 audit: setup ## Audit every table (TABLE=<name> for one): history, prefix integrity of every gold version, accounting (JSON=1)
 	@$(PY) -m audit $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)

@@ -37,6 +37,7 @@ ENV_ALIASES = {
     "SPARK_MASTER": "spark.master",
     "TRIGGER": "streaming.trigger",
     "TRIGGER_INTERVAL": "streaming.trigger_interval",
+    "REPORTS_DIR": "paths.reports",
     "SOURCE": "bronze.source",
 }
 ENV_PREFIX = "LAKEHOUSE__"
@@ -174,7 +175,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "spark": {"master": _str, "app_name": _str, "driver_memory": _str,
               "shuffle_partitions": _pos_int, "log_level": _str, "ui_enabled": _bool},
     "paths": {"lakehouse_root": _str, "checkpoint_root": _opt_str,
-              "landing": _opt_str, "reference": _opt_str},
+              "landing": _opt_str, "reference": _opt_str, "reports": _str},
     "kafka": {"bootstrap_servers": _str, "port": _port, "controller_port": _port,
               "data_dir": _str, "broker_heap": _str, "start_timeout": parse_duration,
               "connect_timeout": parse_duration, "topic_partitions": _pos_int,

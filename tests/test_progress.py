@@ -146,3 +146,24 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
         holder.wait()
     with CheckpointLocks(cfg, ["silver"]):
         pass
+
+
+# --- make report ------------------------------------------------------------------------------
+
+def test_report_writes_readable_charts_and_a_page(spark, cfg, recorded, tmp_path):
+    from common.report import build_report
+
+    recorder, _ = recorded
+    run_query(spark, cfg, source_table(spark, cfg, 4), "silver")
+    recorder.close()
+    written = build_report(spark, cfg, tmp_path / "reports")
+    names = {p.name for p in written}
+    # no quality results or quarantine in this lakehouse: those charts are left out, not faked
+    assert names == {"rates.png", "batch_duration.png", "index.html"}
+    for p in written:
+        if p.suffix == ".png":
+            data = p.read_bytes()
+            assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, p
+    page = (tmp_path / "reports" / "index.html").read_text()
+    assert '<img src="rates.png">' in page and '<img src="batch_duration.png">' in page
+    assert "silver" in page                                 # the status table
