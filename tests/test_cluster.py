@@ -1,0 +1,105 @@
+"""The unchanged jobs on a real Spark standalone cluster give the same gold tables as local mode.
+
+A master and two workers (1 core each) run on 127.0.0.1 from the launcher pyspark ships. The same
+generated landing data goes into two lakehouse roots; `python -m common.run_all` (available-now)
+runs once with SPARK_MASTER=spark://127.0.0.1:<port> and once with local[2], side by side, and
+the three gold tables must hold the same rows. The daemons, the executors they fork and the job
+drivers must all be gone afterwards.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.cluster import StandaloneCluster, kill_tree, processes_using
+
+REPO = Path(__file__).resolve().parent.parent
+GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
+APPS = ("bronze", "silver", "gold")
+RUN_TIMEOUT = 600
+# Every JVM here is short-lived (one available-now run) on a 2-core machine: the C2 JIT costs more
+# CPU than it saves. C1 only roughly halves the cluster run; results are unaffected.
+QUICK_JVM = "-XX:TieredStopAtLevel=1"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = StandaloneCluster(tmp_path / "spark-cluster", workers=2, worker_cores=1, worker_memory="1536m",
+                          java_options=QUICK_JVM)
+    try:
+        yield c.start(timeout=120)
+    finally:
+        c.stop()
+
+
+def _start_pipeline(env: dict, root: Path, master: str) -> subprocess.Popen:
+    env = dict(env, LAKEHOUSE_ROOT=str(root), SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1",
+               JAVA_TOOL_OPTIONS=f"{env.get('JAVA_TOOL_OPTIONS', '')} {QUICK_JVM}".strip())
+    gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "2000", "--seed", "5",
+                          "--files", "4"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert gen.returncode == 0, gen.stderr
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}-run-all.log", "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "common.run_all"], cwd=REPO, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def test_jobs_on_a_standalone_cluster_match_local_mode(spark, env, tmp_path, cluster):
+    for var in ("PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR"):
+        env.pop(var, None)
+    state = cluster.state()
+    assert state["status"] == "ALIVE" and state["aliveworkers"] == 2 and state["cores"] == 2
+
+    roots = {"cluster": tmp_path / "cluster" / "lakehouse", "local": tmp_path / "local" / "lakehouse"}
+    masters = {"cluster": cluster.master_url, "local": "local[2]"}
+    started = time.monotonic()
+    runs = {name: _start_pipeline(env, roots[name], masters[name]) for name in roots}
+    try:
+        deadline = started + RUN_TIMEOUT
+        codes = {name: run.wait(max(1.0, deadline - time.monotonic())) for name, run in runs.items()}
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                kill_tree(run)
+    elapsed = time.monotonic() - started
+    for name, code in codes.items():
+        assert code == 0, (f"run-all ({name}) failed with exit {code}:\n"
+                           f"{_tail(roots[name].parent / 'lakehouse-run-all.log')}")
+
+    # The three jobs really ran on the cluster: one finished application each, with an executor
+    # on both workers that ran tasks.
+    state = cluster.state()
+    assert sorted(a["name"] for a in state["completedapps"]) == sorted(APPS), state["completedapps"]
+    assert all(a["state"] == "FINISHED" for a in state["completedapps"]), state["completedapps"]
+    assert not state["activeapps"], state["activeapps"]
+    for i in (1, 2):
+        logs = list((cluster.base_dir / f"worker-{i}").glob("app-*/*/stderr"))
+        assert len({log.parent.parent.name for log in logs}) == len(APPS), logs
+        assert any("Finished task" in log.read_text(errors="replace") for log in logs), f"worker-{i} ran no task"
+
+    for table in GOLD:
+        cl = spark.read.format("delta").load(str(roots["cluster"] / "gold" / table))
+        lo = spark.read.format("delta").load(str(roots["local"] / "gold" / table))
+        n = lo.count()
+        assert n > 0, table
+        assert cl.count() == n, (table, cl.count(), n)
+        only_cluster = cl.exceptAll(lo).limit(5).collect()
+        only_local = lo.exceptAll(cl).limit(5).collect()
+        assert not only_cluster and not only_local, (table, only_cluster, only_local)
+
+    # Nothing left behind: daemons, executors (same process groups) and job drivers.
+    cluster.stop()
+    assert cluster.alive_pids() == []
+    deadline = time.monotonic() + 30
+    while (left := processes_using(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], left
+    print(f"\nboth pipelines: {elapsed:.0f} s")
