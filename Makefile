@@ -15,7 +15,8 @@ JAR_STAMP  := $(CACHE)/jars/.fetched
 N        ?= 10000
 SEED     ?= 7
 SINK     ?= files
-export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q
+# PROFILE=<name> picks conf/profiles/<name>.yaml (default nest) for every target; PROFILES_DIR another folder.
+export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q PROFILE PROFILES_DIR
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
         seed-locations sql demo audit bench-audit status report kafka-up kafka-down kafka-status clean clean-lakehouse diff restore

@@ -14,10 +14,14 @@ from typing import Any, Callable
 
 import yaml
 
+from common.profile import (Profile, ProfileError, deep_merge, env_profile, expand, parse_profile,
+                            profiles_dir, read_profile, split_profile)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONF = REPO_ROOT / "conf" / "lakehouse.yaml"
 
 LAYERS = ("bronze", "silver", "gold", "ops")
+# The default (nest) profile's tables; cfg.tables holds the selected profile's.
 TABLES = {
     "bronze": ("events",),
     "silver": ("camera_events", "quarantine", "device_locations"),
@@ -191,7 +195,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "silver": {"dedup_watermark": parse_duration, "min_event_time": _timestamp,
                "max_future": parse_duration, "expectations": _existing_file,
                "max_files_per_trigger": _pos_int},
-    "gold": {"watermark": parse_duration, "sightings_window": parse_duration,
+    "gold": {"watermark": _opt_duration, "sightings_window": parse_duration,
              "activity_window": parse_duration, "activity_slide": parse_duration,
              "session_gap": parse_duration, "stats_to_kafka": _bool,
              "expectations": _existing_file, "max_files_per_trigger": _pos_int},
@@ -214,8 +218,10 @@ class Section:
 
 
 class Config:
-    def __init__(self, values: dict[str, Any], source: Path):
+    def __init__(self, values: dict[str, Any], source: Path, profile: Profile | None = None):
         self.source = source
+        self.profile = profile
+        self.tables = profile_tables(profile) if profile else TABLES
         for name, value in values.items():
             setattr(self, name, _sectionize(value))
         root = _resolve(values["paths"]["lakehouse_root"], Path.cwd())
@@ -228,26 +234,52 @@ class Config:
 
     # One rule for every table: $root/<layer>/<table>, registered as <layer>.<table>.
     def table_path(self, layer: str, table: str) -> str:
-        _check_table(layer, table)
+        _check_table(self.tables, layer, table)
         return str(self.root / layer / table)
 
-    @staticmethod
-    def table_name(layer: str, table: str) -> str:
-        _check_table(layer, table)
+    def table_name(self, layer: str, table: str) -> str:
+        _check_table(self.tables, layer, table)
         return f"{layer}.{table}"
+
+    @property
+    def silver_table(self) -> str:
+        """The profile's silver event table (`camera_events` for nest)."""
+        return self.profile.silver_table if self.profile else "camera_events"
+
+    def duration(self, value: str) -> Duration:
+        """A profile duration: literal ('1 hour') or `$section.key` of this config, so env
+        overrides of that key apply (the nest profile's windows follow gold.sightings_window)."""
+        if value.startswith("$"):
+            node: Any = self
+            for part in value[1:].split("."):
+                node = getattr(node, part, None)
+            if not isinstance(node, Duration):
+                raise ConfigError(f"{self.profile.file if self.profile else self.source}: "
+                                  f"{value!r} does not name a duration key of the config")
+            return node
+        try:
+            return parse_duration(value)
+        except ValueError as e:
+            raise ConfigError(f"{self.profile.file if self.profile else self.source}: {e}") from None
 
     def checkpoint(self, query: str) -> str:
         return str(self.checkpoint_root / query)
 
     @property
     def locations_csv(self) -> Path:
-        return self.reference / "device_locations.csv"
+        dim = self.profile.dimension if self.profile else None
+        return self.reference / (dim.csv if dim else "device_locations.csv")
 
 
-def _check_table(layer: str, table: str) -> None:
-    if table not in TABLES.get(layer, ()):
+def profile_tables(profile: Profile) -> dict[str, tuple[str, ...]]:
+    silver = (profile.silver_table, "quarantine") + ((profile.dimension.table,) if profile.dimension else ())
+    return {"bronze": TABLES["bronze"], "silver": silver, "gold": profile.gold_tables, "ops": TABLES["ops"]}
+
+
+def _check_table(tables: dict, layer: str, table: str) -> None:
+    if table not in tables.get(layer, ()):
         raise KeyError(f"unknown table {layer}.{table}; known: "
-                       + ", ".join(f"{l}.{t}" for l, ts in TABLES.items() for t in ts))
+                       + ", ".join(f"{l}.{t}" for l, ts in tables.items() for t in ts))
 
 
 def _sectionize(value):
@@ -311,6 +343,19 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
         raise ConfigError(f"{conf_path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{conf_path}: top level must be a mapping")
+    try:
+        profile_file, profile_raw = read_profile(env_profile(env), profiles_dir(env, REPO_ROOT))
+        overrides, own = split_profile(profile_raw, profile_file, SCHEMA)
+        profile = parse_profile(env_profile(env), profile_file, own)
+    except ProfileError as e:
+        raise ConfigError(str(e)) from None
+    landing = (overrides.get("paths") or {}).get("landing")
+    if isinstance(landing, str):
+        # A profile's landing folder is relative to the repository, wherever make runs from.
+        overrides["paths"]["landing"] = str(_resolve(expand(landing), REPO_ROOT))
+    from_profile = {f"{section}.{key}" for section, keys in overrides.items()
+                    if isinstance(keys, dict) for key in keys}
+    raw = deep_merge(raw, overrides)
     origin = _apply_env(raw, env)
     try:
         values = _validate(raw, SCHEMA, str(conf_path))
@@ -319,8 +364,18 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
         for key, var in origin.items():
             if f"'{key}'" in str(e):
                 raise ConfigError(f"{e} (value from environment variable {var})") from None
+        for key in from_profile:
+            if f"'{key}" in str(e):
+                raise ConfigError(f"{e} (value from profile {profile_file})") from None
         raise
-    cfg = Config(values, conf_path)
+    cfg = Config(values, conf_path, profile)
+    # Resolve every duration the profile names now, so a bad one fails before Spark starts.
+    for agg in profile.aggregations:
+        cfg.duration(agg.window)
+        if agg.slide:
+            cfg.duration(agg.slide)
+    if profile.sessions:
+        cfg.duration(profile.sessions.gap)
     # An interval given on the command line or in TRIGGER_INTERVAL beats the per-layer ones.
     cfg.streaming_interval_forced = "streaming.trigger_interval" in origin
     return cfg
