@@ -35,15 +35,26 @@ def preflight(cfg, source: str) -> None:
 
 
 def file_stream(spark, cfg):
+    from pyspark.sql import functions as F
+
     from bronze.transform import lines_from_files
 
-    raw = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
+    gzip = cfg.profile.compression == "gzip"
+    reader = (spark.readStream.format("text").option("wholetext", "true") if gzip else
+              spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA))
+    raw = (reader
            .option("maxFilesPerTrigger", cfg.bronze.max_files_per_trigger)
            .option("latestFirst", str(cfg.bronze.latest_first).lower())
            # Hidden files (.part-*.tmp) are in-flight writes; the file source skips names
            # starting with '.' or '_', so only renamed, complete files are read.
            .load(str(cfg.landing)))
-    return lines_from_files(raw)
+    if gzip:
+        # The text source decompresses by extension (Hadoop codecs); binaryFile would hand us
+        # the compressed bytes. Text is decoded as UTF-8 here, so re-encode it for the splitter.
+        raw = raw.select(F.col("_metadata.file_path").alias("path"),
+                         F.col("_metadata.file_modification_time").alias("modificationTime"),
+                         F.encode("value", "UTF-8").alias("content"))
+    return lines_from_files(raw, whole_file=cfg.profile.record == "file")
 
 
 def kafka_stream(spark, cfg):

@@ -21,16 +21,18 @@ def _with_ingest(df: DataFrame) -> DataFrame:
               .select(*[f.name for f in BRONZE_EVENTS.fields]))
 
 
-def lines_from_files(files: DataFrame) -> DataFrame:
+def lines_from_files(files: DataFrame, whole_file: bool = False) -> DataFrame:
     """binaryFile rows (path, modificationTime, content) -> one row per line, with line numbers.
 
     A final newline ends the last line rather than starting an empty one; every other empty
-    line is a record of its own (it arrived, so bronze keeps it).
+    line is a record of its own (it arrived, so bronze keeps it). With whole_file (a profile's
+    `source.record: file`, e.g. one multi-line JSON object per file) each file is one record.
     """
     # Split once per file in its own projection, then explode: referencing the split next to
     # the generator made Spark re-split the whole file for every line it emitted (quadratic).
+    text = F.decode("content", _LOSSLESS)
     split = files.select("path", "modificationTime",
-                         F.split(F.decode("content", _LOSSLESS), "\n", -1).alias("parts"))
+                         (F.array(text) if whole_file else F.split(text, "\n", -1)).alias("parts"))
     parts = F.col("parts")
     lines = F.when(F.element_at(parts, -1) == "", F.slice(parts, 1, F.size(parts) - 1)).otherwise(parts)
     files_with_lines = split.select("path", "modificationTime", lines.alias("lines"))

@@ -1,9 +1,10 @@
-"""Silver job: bronze.events -> silver.camera_events + silver.quarantine, with a quality gate.
+"""Silver job: bronze.events -> silver.<profile's table> + silver.quarantine, with a quality gate.
 
     python -m silver.job [--trigger available-now|processing-time] [--interval '10 seconds']
 
-Per micro-batch: parse and flatten the Nest JSON, drop duplicate events within the watermark,
-join device locations (re-read every batch, so edits apply without a restart), run the
+Per micro-batch: parse and flatten the records as the profile (PROFILE) declares, drop duplicate
+events within the watermark, join the profile's dimension (nest: device locations; re-read every
+batch, so edits apply without a restart), run the
 Great Expectations suite from conf/, then write silver, quarantine, ops.dq_results and
 ops.batch_accounting idempotently (a replayed batch writes nothing twice).
 """
@@ -33,23 +34,28 @@ METRICS = "silver_input"
 
 def output_schemas(spark):
     """Table schemas, derived by running the transforms on an empty bronze batch."""
+    profile = cfg.profile
     empty = spark.createDataFrame([], BRONZE_EVENTS)
-    parsed = T.parse_events(empty, T.datetime(2000, 1, 1), 0)
-    locations = spark.createDataFrame([], "device_id STRING, zip_code STRING, city STRING, state STRING")
-    return (T.to_silver(T.join_locations(T.accepted(parsed), locations), 0).schema,
-            T.to_quarantine(T.rejected(parsed), 0).schema)
+    parsed = T.parse_events(empty, T.datetime(2000, 1, 1), 0, profile)
+    dim = profile.dimension
+    locations = (spark.createDataFrame([], ", ".join(f"{c} STRING" for c in (dim.key, *dim.columns)))
+                 if dim else None)
+    return (T.to_silver(T.join_dimension(T.accepted(parsed), locations, profile), 0, profile).schema,
+            T.to_quarantine(T.rejected(parsed), 0, profile).schema)
 
 
 def ensure_tables(spark, cfg) -> None:
     silver_schema, quarantine_schema = output_schemas(spark)
     # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
     # kept through OPTIMIZE): the audit uses it to tell which gold micro-batch read each event.
-    ensure_table(spark, cfg, "silver", "camera_events", silver_schema, ["event_date"],
+    partition = [cfg.profile.partition] if cfg.profile.partition else []
+    ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition,
                  {"delta.enableRowTracking": "true"})
     ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema)
     ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
     accounting.ensure_accounting(spark, cfg)
-    ensure_seeded(spark, cfg)
+    if cfg.profile.dimension:
+        ensure_seeded(spark, cfg)
 
 
 class SilverBatch:
@@ -58,8 +64,12 @@ class SilverBatch:
     def __init__(self, spark, cfg, suite, accounting_):
         self.spark, self.cfg, self.suite, self.accounting = spark, cfg, suite, accounting_
         self.gate = QualityGate(suite)
-        self.paths = {t: cfg.table_path("silver", t) for t in ("camera_events", "quarantine",
-                                                               "device_locations")}
+        self.profile = cfg.profile
+        self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
+        self.paths = {"events": cfg.table_path("silver", cfg.silver_table),
+                      "quarantine": cfg.table_path("silver", "quarantine")}
+        if self.dimension:
+            self.paths["dimension"] = cfg.table_path("silver", self.dimension)
 
     def __call__(self, batch, batch_id: int) -> None:
         spark, cfg = self.spark, self.cfg
@@ -68,14 +78,17 @@ class SilverBatch:
         batch.persist()
         candidates = None
         try:
-            # Pin the dimension's version so the lineage says exactly which one this batch joined.
-            loc_version = latest_version(spark, self.paths["device_locations"])
-            locations = (spark.read.format("delta").option("versionAsOf", loc_version)
-                         .load(self.paths["device_locations"]))
-            lineage = batch_lineage(checkpoint, QUERY, batch_id, "bronze.events",
-                                    {"silver.device_locations": loc_version})
-            joined = T.join_locations(T.accepted(batch), locations)
-            candidates = T.to_silver(joined, batch_id).persist()
+            profile = self.profile
+            locations, pinned = None, {}
+            if self.dimension:
+                # Pin the dimension's version so the lineage says exactly which one this batch joined.
+                loc_version = latest_version(spark, self.paths["dimension"])
+                locations = (spark.read.format("delta").option("versionAsOf", loc_version)
+                             .load(self.paths["dimension"]))
+                pinned = {f"silver.{self.dimension}": loc_version}
+            lineage = batch_lineage(checkpoint, QUERY, batch_id, "bronze.events", pinned)
+            joined = T.join_dimension(T.accepted(batch), locations, profile)
+            candidates = T.to_silver(joined, batch_id, profile).persist()
             n_candidates = candidates.count()
 
             outcomes, quality_ms = check(self.gate, candidates, n_candidates, spark,
@@ -86,15 +99,15 @@ class SilverBatch:
             good = candidates.join(dq_reasons, "event_id", "left_anti")
             dq_bad = (joined.join(dq_reasons, "event_id")
                       .withColumn("reasons", F.col("dq_reasons")))
-            quarantine = T.to_quarantine(T.rejected(batch), batch_id).unionByName(
-                T.to_quarantine(dq_bad, batch_id))
+            quarantine = T.to_quarantine(T.rejected(batch), batch_id, profile).unionByName(
+                T.to_quarantine(dq_bad, batch_id, profile))
 
             n_dq = dq_bad.count()
             n_rejects = T.rejected(batch).count()
             n_event_rejects = T.rejected(batch).where("parsed").count() if n_rejects else 0
             # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
             if n_candidates > n_dq:
-                idempotent_append(good, self.paths["camera_events"], f"{app_id}-events", batch_id, lineage)
+                idempotent_append(good, self.paths["events"], f"{app_id}-events", batch_id, lineage)
             if n_rejects or n_dq:
                 idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id,
                                   lineage)
@@ -135,13 +148,13 @@ def start(spark, cfg, suite=None):
     bronze_path = cfg.table_path("bronze", "events")
     if not (Path(bronze_path) / "_delta_log").is_dir():
         raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
-    suite = suite or load_suites(cfg.silver.expectations)["silver.camera_events"]
+    suite = suite or silver_suite(cfg)
     ensure_tables(spark, cfg)
     bronze = (spark.readStream.format("delta")
               .option("maxFilesPerTrigger", cfg.silver.max_files_per_trigger).load(bronze_path))
-    parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds)
-    observed = parsed.observe(METRICS, *T.input_metrics(parsed))
-    deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark())
+    parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile)
+    observed = parsed.observe(METRICS, *T.input_metrics(parsed, cfg.profile))
+    deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
     books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts,
                                   upstream="bronze.events")
     query = (deduped.writeStream.queryName(QUERY)
@@ -152,6 +165,15 @@ def start(spark, cfg, suite=None):
     return query, books
 
 
+def silver_suite(cfg):
+    suites = load_suites(cfg.silver.expectations)
+    name = f"silver.{cfg.silver_table}"
+    if name not in suites:
+        raise SuiteError(f"{cfg.silver.expectations}: no suite for table {name} "
+                         f"(profile {cfg.profile.name})")
+    return suites[name]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="silver.job", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,19 +181,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(env=apply_trigger_args(args, os.environ))
-        suite = load_suites(cfg.silver.expectations)["silver.camera_events"]
+        suite = silver_suite(cfg)
     except (ConfigError, SuiteError) as e:
         return fail(str(e))
-    except KeyError:
-        return fail(f"{cfg.silver.expectations}: no suite for table silver.camera_events")
     stop = GracefulStop()
     stop.install()
     def body(spark):
         query, books = start(spark, cfg, suite)
-        print(f"silver: bronze.events -> silver.camera_events ({cfg.streaming.trigger})", flush=True)
+        print(f"silver: bronze.events -> silver.{cfg.silver_table} ({cfg.streaming.trigger}, "
+              f"profile {cfg.profile.name})", flush=True)
         await_queries([query], stop, on_tick=books)
-        n = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
-        print(f"silver: done; silver.camera_events holds {n} rows", flush=True)
+        n = spark.read.format("delta").load(cfg.table_path("silver", cfg.silver_table)).count()
+        print(f"silver: done; silver.{cfg.silver_table} holds {n} rows", flush=True)
 
     return run_job(cfg, "silver", body, [QUERY])
 

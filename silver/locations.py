@@ -1,4 +1,5 @@
-"""silver.device_locations: the static device -> zip code table silver joins against.
+"""The profile's dimension table (nest: silver.device_locations, device -> zip code) that silver
+joins against, loaded from a CSV under paths.reference.
 
     python -m silver.locations [--csv PATH]    (make seed-locations)
 """
@@ -12,24 +13,30 @@ from common.delta import ensure_table
 from common.lineage import PIPELINE, to_user_metadata
 from common.streaming import JobError, fail, run_job
 
-SCHEMA = "device_id STRING NOT NULL, zip_code STRING, city STRING, state STRING"
+def schema(cfg) -> str:
+    dim = cfg.profile.dimension
+    return ", ".join([f"{dim.key} STRING NOT NULL", *(f"{c} STRING" for c in dim.columns)])
 
 
-def read_csv(spark, path):
-    # Zip codes stay strings: "02108" is Boston, not 2108.
-    return spark.read.option("header", True).schema(SCHEMA.replace(" NOT NULL", "")).csv(str(path))
+def read_csv(spark, path, cfg):
+    # Every column stays a string: zip "02108" is Boston, not 2108.
+    ddl = schema(cfg).replace(" NOT NULL", "")
+    return spark.read.option("header", True).schema(ddl).csv(str(path))
 
 
 def seed(spark, cfg, csv_path=None) -> int:
     """Replace the table's contents with the CSV (a new Delta version; history keeps the old)."""
     from pyspark.sql.types import _parse_datatype_string
 
+    dim = cfg.profile.dimension
+    if dim is None:
+        raise JobError(f"profile {cfg.profile.name} declares no dimension table")
     path = csv_path or cfg.locations_csv
     if not path.is_file():
-        raise JobError(f"device locations file {path} not found "
-                                "(run `make generate`, or set REFERENCE_DIR)")
-    table = ensure_table(spark, cfg, "silver", "device_locations", _parse_datatype_string(SCHEMA))
-    rows = read_csv(spark, path).where("device_id IS NOT NULL").dropDuplicates(["device_id"])
+        raise JobError(f"{dim.table} file {path} not found "
+                       "(run `make generate`, or set REFERENCE_DIR)")
+    table = ensure_table(spark, cfg, "silver", dim.table, _parse_datatype_string(schema(cfg)))
+    rows = read_csv(spark, path, cfg).where(f"{dim.key} IS NOT NULL").dropDuplicates([dim.key])
     # Tagged so history and audits tell a reference load from an edit made by hand.
     (rows.write.format("delta").mode("overwrite")
      .option("userMetadata", to_user_metadata({"pipeline": PIPELINE, "made_by": f"seed-locations {path}"}))
@@ -41,7 +48,7 @@ def ensure_seeded(spark, cfg) -> str:
     """On first run, load the generator's reference data; later runs keep the table as it is."""
     from pathlib import Path
 
-    table = cfg.table_path("silver", "device_locations")
+    table = cfg.table_path("silver", cfg.profile.dimension.table)
     if not (Path(table) / "_delta_log").is_dir():
         seed(spark, cfg)
     return table
@@ -61,7 +68,7 @@ def main(argv=None) -> int:
 
     def body(spark):
         n = seed(spark, cfg, Path(args.csv) if args.csv else None)
-        print(f"silver.device_locations: {n} devices")
+        print(f"silver.{cfg.profile.dimension.table}: {n} rows")
 
     return run_job(cfg, "seed-locations", body)
 

@@ -1,5 +1,6 @@
-"""Silver transforms: bronze rows -> camera events or quarantine candidates. Pure DataFrame
-functions; the streaming job and the batch tests call the very same ones.
+"""Silver transforms: bronze rows -> events or quarantine candidates, as the source profile
+(common/profile.py) declares them. Pure DataFrame functions; the streaming job and the batch
+tests call the very same ones. Without a profile argument they use the nest profile.
 
 Leaves of the JSON schema are read as strings on purpose: Spark's JSON reader turns a value of
 the wrong type into NULL, which would make "has_person": "maybe" look like a missing field.
@@ -8,28 +9,53 @@ Reading text and casting here lets every problem get its own reason code.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import MapType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType, _parse_datatype_string
+
+from common.profile import Profile
 
 CORRUPT = "_corrupt_record"
-BOOL_FIELDS = ("has_sound", "has_motion", "has_person")
-TIME_FIELDS = ("start_time", "end_time")
 
-_LAST_EVENT = StructType([StructField(f, StringType()) for f in (*BOOL_FIELDS, *TIME_FIELDS)])
-_CAMERA = StructType([
-    StructField("device_id", StringType()),
-    StructField("name", StringType()),
-    StructField("is_online", StringType()),
-    StructField("last_event", _LAST_EVENT),
-])
-NEST_SCHEMA = StructType([
-    StructField("devices", StructType([StructField("cameras", MapType(StringType(), _CAMERA))])),
-    StructField("metadata", StructType([StructField("access_token", StringType()),
-                                        StructField("client_version", StringType())])),
-    StructField(CORRUPT, StringType()),
-])
+
+@lru_cache(maxsize=1)
+def default_profile() -> Profile:
+    """The nest profile, for callers that pass none (the tests of the Nest transforms)."""
+    from common.config import load_config
+
+    return load_config(env={}).profile
+
+
+def raw_schema(profile: Profile) -> StructType:
+    """The record's JSON schema, leaves as text, plus the corrupt-record column. Declared in the
+    profile, or derived from the explode path and the field paths."""
+    if profile.schema:
+        schema = _parse_datatype_string(profile.schema)
+    else:
+        element = StructType()
+        for f in profile.fields:
+            _add_path(element, f.path)
+        schema = element
+        if profile.explode_path:
+            schema = StructType()
+            _add_path(schema, profile.explode_path, ArrayType(element))
+    return StructType(schema.fields + [StructField(CORRUPT, StringType())])
+
+
+def _add_path(struct: StructType, path: tuple[str, ...], leaf_type=None) -> None:
+    head, rest = path[0], path[1:]
+    existing = next((f for f in struct.fields if f.name == head), None)
+    if not rest:
+        if existing is None:
+            struct.add(head, leaf_type or StringType())
+        return
+    if existing is None:
+        struct.add(head, StructType())
+        existing = struct.fields[-1]
+    _add_path(existing.dataType, rest, leaf_type)
+
 
 # Lineage carried from bronze to silver and quarantine rows.
 LINEAGE = {
@@ -39,12 +65,15 @@ LINEAGE = {
 }
 LINEAGE_COLUMNS = list(LINEAGE.values())
 
-EVENT_COLUMNS = [
-    "event_id", "device_id", "name", "is_online", *BOOL_FIELDS, *TIME_FIELDS,
-    "duration_seconds", "event_time",
-]
-# What parse_events returns: one row per camera event, or one per unparsable record.
-PARSED_COLUMNS = ["raw", *LINEAGE_COLUMNS, "parsed", "camera_index", *EVENT_COLUMNS, "reasons"]
+
+
+def event_columns(profile: Profile) -> list[str]:
+    return ["event_id", *profile.outputs, *(name for name, _ in profile.derived), "event_time"]
+
+
+def parsed_columns(profile: Profile) -> list[str]:
+    """What parse_events returns: one row per event, or one per unparsable record."""
+    return ["raw", *LINEAGE_COLUMNS, "parsed", profile.index, *event_columns(profile), "reasons"]
 
 
 def _lineage() -> list[Column]:
@@ -68,75 +97,131 @@ def _reasons(*candidates: Column) -> Column:
     return F.filter(F.array(*candidates), lambda c: c.isNotNull())
 
 
-def parse_records(bronze: DataFrame) -> DataFrame:
+def __getattr__(name: str):
+    # The nest profile's column lists, as module constants (what callers used before profiles).
+    if name == "PARSED_COLUMNS":
+        return parsed_columns(default_profile())
+    if name == "EVENT_COLUMNS":
+        return event_columns(default_profile())
+    raise AttributeError(name)
+
+
+def _at(column: Column, path: tuple[str, ...]) -> Column:
+    for part in path:
+        column = column.getField(part)
+    return column
+
+
+def _elements_name(profile: Profile) -> str:
+    return profile.explode_path[-1] if profile.explode_path else "record"
+
+
+def parse_records(bronze: DataFrame, profile: Profile | None = None) -> DataFrame:
     """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`."""
-    j = F.from_json("raw", NEST_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    profile = profile or default_profile()
+    j = F.from_json("raw", raw_schema(profile), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     df = bronze.select("raw", *_lineage(), j.alias("j"))
-    cameras = F.col("j.devices.cameras")
-    reasons = _reasons(
+    candidates = [
         _reason(F.col("raw").isNull() | (F.trim("raw") == ""), "empty_record"),
         _reason(F.col("j").isNull() & (F.trim("raw") != "") | F.col(f"j.{CORRUPT}").isNotNull(),
                 "malformed_json"),
-        _reason(F.col("j").isNotNull() & F.col(f"j.{CORRUPT}").isNull()
-                & (cameras.isNull() | (F.size(cameras) == 0)), "missing_cameras"),
-    )
-    return df.withColumn("reasons", reasons).withColumn("parsed", F.size("reasons") == 0)
+    ]
+    if profile.explode_path:
+        elements = _at(F.col("j"), profile.explode_path)
+        candidates.append(_reason(F.col("j").isNotNull() & F.col(f"j.{CORRUPT}").isNull()
+                                  & (elements.isNull() | (F.size(elements) == 0)),
+                                  f"missing_{_elements_name(profile)}"))
+    return df.withColumn("reasons", _reasons(*candidates)).withColumn("parsed", F.size("reasons") == 0)
 
 
-def explode_events(records: DataFrame, min_event_time: datetime, max_future_seconds: float) -> DataFrame:
-    """Records -> one row per camera, flattened and typed, with event-level reasons. A record
-    that did not parse stays one row (camera fields NULL) with its record-level reasons; doing
-    both in one pass reads the source once (a union of two branches would scan it twice)."""
+def _typed(text: Column, field) -> Column:
+    if field.type == "boolean":
+        return _bool(text)
+    if field.type in ("long", "double"):
+        return text.try_cast(field.type)
+    if field.type == "timestamp":
+        if field.format == "epoch_seconds":
+            return F.timestamp_seconds(text.try_cast("double"))
+        if field.format == "epoch_millis":
+            return F.timestamp_millis(text.try_cast("long"))
+        return _timestamp(text)
+    return text   # string, json (an object or array arrives as its JSON text)
+
+
+def explode_events(records: DataFrame, min_event_time: datetime, max_future_seconds: float,
+                   profile: Profile | None = None) -> DataFrame:
+    """Records -> one row per element (a map entry, an array item, or the record itself),
+    flattened and typed, with event-level reasons. A record that did not parse stays one row
+    (fields NULL) with its record-level reasons; doing both in one pass reads the source once
+    (a union of two branches would scan it twice)."""
+    profile = profile or default_profile()
+    idx = profile.index
+    elements = _at(F.col("j"), profile.explode_path) if profile.explode_path else F.array(F.col("j"))
+    is_map = False
+    if profile.explode_path:
+        dtype = records.schema["j"].dataType
+        for part in profile.explode_path:
+            dtype = dtype[part].dataType
+        is_map = isinstance(dtype, MapType)
+    parts = (idx, "_element_key", "_el") if is_map else (idx, "_el")
     exploded = records.select(
         "raw", *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"),
-        F.posexplode_outer(F.when(F.col("parsed"), F.col("j.devices.cameras")))
-        .alias("camera_index", "camera_key", "cam"))
-    le = F.col("cam.last_event")
+        F.posexplode_outer(F.when(F.col("parsed"), elements)).alias(*parts))
+    el = F.col("_el")
+    outputs = [f for f in profile.fields if f.type != "present"]
     typed = exploded.select(
-        "raw", *LINEAGE_COLUMNS, "parsed", "record_reasons", "camera_index",
-        F.col("cam.device_id").alias("device_id"),
-        F.col("cam.name").alias("name"),
-        _bool(F.col("cam.is_online")).alias("is_online"),
-        *[_bool(le[f]).alias(f) for f in BOOL_FIELDS],
-        *[_timestamp(le[f]).alias(f) for f in TIME_FIELDS],
-        *[le[f].alias(f"_{f}_text") for f in (*BOOL_FIELDS, *TIME_FIELDS)],
-        F.col("cam.last_event").isNull().alias("_no_last_event"),
+        "raw", *LINEAGE_COLUMNS, "parsed", "record_reasons", idx,
+        *[_typed(_at(el, f.path), f).alias(f.name) for f in outputs],
+        *[_at(el, f.path).alias(f"_{f.name}_text") for f in profile.fields],
     )
+    absent = [f for f in profile.fields if f.type == "present" and f.required]
+    field_reasons = []
+    for f in profile.fields:
+        if not f.required:
+            continue
+        text = F.col(f"_{f.name}_text")
+        missing = text.isNull() | (F.trim(text) == "") if f.type == "string" else text.isNull()
+        # A field inside a required parent that is missing is not reported again.
+        for parent in absent:
+            if parent is not f and f.path[:len(parent.path)] == parent.path:
+                missing = missing & F.col(f"_{parent.name}_text").isNotNull()
+        field_reasons.append(_reason(missing, f"missing_field:{f.name}"))
+        if f.type in ("boolean", "long", "double", "timestamp"):
+            bad = "bad_timestamp" if f.type == "timestamp" else "wrong_type"
+            field_reasons.append(_reason(text.isNotNull() & F.col(f.name).isNull(), f"{bad}:{f.name}"))
+    t = profile.event_time
     earliest = F.lit(min_event_time)
     latest = F.col("bronze_ingest_time") + F.make_dt_interval(secs=F.lit(max_future_seconds))
-    field_reasons = []
-    for f in (*BOOL_FIELDS, *TIME_FIELDS):
-        text = F.col(f"_{f}_text")
-        bad = "wrong_type" if f in BOOL_FIELDS else "bad_timestamp"
-        field_reasons += [_reason(~F.col("_no_last_event") & text.isNull(), f"missing_field:{f}"),
-                          _reason(text.isNotNull() & F.col(f).isNull(), f"{bad}:{f}")]
     event_reasons = _reasons(
-        _reason(F.col("device_id").isNull() | (F.trim("device_id") == ""), "missing_field:device_id"),
-        _reason(F.col("_no_last_event"), "missing_field:last_event"),
         *field_reasons,
-        _reason((F.col("start_time") < earliest) | (F.col("start_time") > latest),
-                "time_out_of_range:start_time"),
+        _reason((F.col(t) < earliest) | (F.col(t) > latest), f"time_out_of_range:{t}"),
     )
     reasons = F.when(F.col("parsed"), event_reasons).otherwise(F.col("record_reasons"))
-    return (typed.withColumn("reasons", reasons)
-            .withColumn("event_id", F.when(F.col("parsed"), _event_id()))
-            .withColumn("duration_seconds",
-                        F.col("end_time").cast("double") - F.col("start_time").cast("double"))
-            .withColumn("event_time", F.col("start_time"))
-            .select(*PARSED_COLUMNS))
+    out = (typed.withColumn("reasons", reasons)
+           .withColumn("event_id", F.when(F.col("parsed"), _event_id(profile))))
+    for name, expression in profile.derived:
+        out = out.withColumn(name, F.expr(expression))
+    return out.withColumn("event_time", F.col(t)).select(*parsed_columns(profile))
 
 
-def _event_id() -> Column:
-    """Stable identity of a camera event: the same device, start and end always hash the same,
-    whichever record, file or Kafka message carried it."""
+def _event_id(profile: Profile) -> Column:
+    """Stable identity of an event: the profile's dedup fields always hash the same, whichever
+    record, file or Kafka message carried them. Without a dedup key an event is its position in
+    bronze (identical events are distinct events), so only a replay could repeat one."""
     fmt = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"
-    return F.sha2(F.concat_ws("|", F.col("device_id"), F.date_format("start_time", fmt),
-                              F.date_format("end_time", fmt)), 256)
+    if profile.dedup:
+        kinds = {f.name: f.type for f in profile.fields}
+        parts = [F.date_format(c, fmt) if kinds[c] == "timestamp" else F.col(c).cast("string")
+                 for c in profile.dedup]
+    else:
+        parts = [F.col(c).cast("string") for c in (*LINEAGE_COLUMNS[:-1], profile.index)]
+    return F.sha2(F.concat_ws("|", *parts), 256)
 
 
-def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds: float) -> DataFrame:
+def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds: float,
+                 profile: Profile | None = None) -> DataFrame:
     """bronze.events rows -> events (reasons empty) and rejects (reasons set), one DataFrame."""
-    return explode_events(parse_records(bronze), min_event_time, max_future_seconds)
+    return explode_events(parse_records(bronze, profile), min_event_time, max_future_seconds, profile)
 
 
 def accepted(parsed: DataFrame) -> DataFrame:
@@ -147,19 +232,23 @@ def rejected(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.size("reasons") > 0)
 
 
-def deduplicate(parsed: DataFrame, delay: str) -> DataFrame:
+def deduplicate(parsed: DataFrame, delay: str, profile: Profile | None = None) -> DataFrame:
     """Drop repeats of an event_id seen within `delay` of event time.
 
     In a stream, RocksDB state carries the ids across micro-batches, and accepted events older
     than the watermark are dropped (Spark counts them as numRowsDroppedByWatermark). Rejected
     rows ride along untouched: their event_time is NULL (never late, never moves the
     watermark) and their key is their own bronze position (never a duplicate), so one query
-    carries both and each batch's counts add up.
+    carries both and each batch's counts add up. A profile without a dedup key drops nothing:
+    its event ids are bronze positions, unique by construction.
     """
+    profile = profile or default_profile()
+    if not profile.dedup:
+        return parsed
     ok = F.size("reasons") == 0
     reject_key = F.concat_ws("|", F.lit("reject"), "bronze_source", "bronze_file_path",
                              "bronze_line_number", "bronze_kafka_topic", "bronze_kafka_partition",
-                             "bronze_kafka_offset", F.coalesce(F.col("camera_index"), F.lit(-1)))
+                             "bronze_kafka_offset", F.coalesce(F.col(profile.index), F.lit(-1)))
     keyed = (parsed.withColumn("event_time", F.when(ok, F.col("event_time")))
              .withColumn("dedup_key", F.when(ok, F.col("event_id")).otherwise(reject_key)))
     if not keyed.isStreaming:
@@ -170,36 +259,49 @@ def deduplicate(parsed: DataFrame, delay: str) -> DataFrame:
             .dropDuplicatesWithinWatermark(["dedup_key"]).drop("dedup_key"))
 
 
-def input_metrics(parsed: DataFrame) -> list[Column]:
+def input_metrics(parsed: DataFrame, profile: Profile | None = None) -> list[Column]:
     """Counts of a batch before dedup, in both units: each parsed record has exactly one row
-    with camera_index 0; each unparsed record is one row with parsed = false."""
-    return [F.count(F.when(F.col("camera_index") == 0, 1)).alias("records_parsed"),
+    with element index 0; each unparsed record is one row with parsed = false."""
+    idx = (profile or default_profile()).index
+    return [F.count(F.when(F.col(idx) == 0, 1)).alias("records_parsed"),
             F.count(F.when(~F.col("parsed"), 1)).alias("records_quarantined_unparsed"),
             F.count(F.when(F.col("parsed"), 1)).alias("events_parsed")]
 
 
-def join_locations(events: DataFrame, locations: DataFrame) -> DataFrame:
-    """Attach zip/city/state; an unknown device is kept with NULL zip and unknown_device=true.
+def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile | None = None) -> DataFrame:
+    """Attach the dimension's columns (nest: zip/city/state by device_id); an event without a
+    dimension row is kept with NULLs and its flag (nest: unknown_device) set.
 
-    The flag comes from the join match, not from a NULL zip, so a known device whose reference
-    row lacks a zip code stays distinguishable (gold's quality gate checks exactly that)."""
-    loc = locations.select("device_id", "zip_code", "city", "state", F.lit(True).alias("_known"))
-    return (events.join(F.broadcast(loc), "device_id", "left")
-            .withColumn("unknown_device", F.col("_known").isNull()).drop("_known"))
-
-
-def to_silver(events: DataFrame, batch_id: int) -> DataFrame:
-    return events.select(
-        "event_id", "device_id", "name", "is_online", *BOOL_FIELDS, *TIME_FIELDS, "duration_seconds",
-        "event_time", F.to_date("event_time").alias("event_date"),
-        "zip_code", "city", "state", "unknown_device", *LINEAGE_COLUMNS,
-        F.lit(batch_id).cast("long").alias("silver_batch_id"),
-    )
+    The flag comes from the join match, not from a NULL column, so a known key whose reference
+    row lacks a value stays distinguishable (gold's quality gate checks exactly that)."""
+    dim = (profile or default_profile()).dimension
+    if dim is None:
+        return events
+    loc = dimension.select(dim.key, *dim.columns, F.lit(True).alias("_known"))
+    return (events.join(F.broadcast(loc), dim.key, "left")
+            .withColumn(dim.flag, F.col("_known").isNull()).drop("_known"))
 
 
-def to_quarantine(rows: DataFrame, batch_id: int) -> DataFrame:
+join_locations = join_dimension
+
+
+def silver_columns(profile: Profile) -> list[str]:
+    dim = profile.dimension
+    return [*event_columns(profile), "event_date", *((*dim.columns, dim.flag) if dim else ()),
+            *LINEAGE_COLUMNS, "silver_batch_id"]
+
+
+def to_silver(events: DataFrame, batch_id: int, profile: Profile | None = None) -> DataFrame:
+    profile = profile or default_profile()
+    cols = silver_columns(profile)
+    return (events.withColumn("event_date", F.to_date("event_time"))
+            .withColumn("silver_batch_id", F.lit(batch_id).cast("long")).select(*cols))
+
+
+def to_quarantine(rows: DataFrame, batch_id: int, profile: Profile | None = None) -> DataFrame:
+    profile = profile or default_profile()
     return rows.select(
-        "raw", "reasons", "event_id", "device_id", *LINEAGE_COLUMNS,
+        "raw", "reasons", "event_id", *profile.quarantine_columns, *LINEAGE_COLUMNS,
         F.lit(batch_id).cast("long").alias("batch_id"),
         F.current_timestamp().alias("quarantined_at"),
     )
