@@ -24,23 +24,21 @@ from audit.report import render
 from audit.tables import TableError, existing, resolve, spark_session
 from common.config import ConfigError, load_config
 
-SILVER_BOOKS_TABLES = {"bronze.events", "silver.camera_events", "silver.quarantine",
-                       "ops.batch_accounting"}
-
-
 def run_audit(spark, cfg, only: str | None = None) -> dict:
-    from gold.tables import BY_TABLE
+    from gold.tables import by_table
 
+    BY_TABLE = by_table(cfg)
+    silver_name = f"silver.{cfg.silver_table}"
+    SILVER_BOOKS_TABLES = {"bronze.events", silver_name, "silver.quarantine", "ops.batch_accounting"}
     started = time.monotonic()
     names = [only] if only else existing(cfg)
     if only:
         resolve(cfg, only)
     paths = {n: resolve(cfg, n, must_exist=False) for n in
-             set(names) | {"bronze.events", "silver.camera_events", "silver.quarantine",
-                           "ops.batch_accounting"}}
+             set(names) | SILVER_BOOKS_TABLES}
     histories = {n: table_history(spark, paths[n]) for n in names}
     present = set(existing(cfg))
-    silver_path = paths["silver.camera_events"]
+    silver_path = paths[silver_name]
     report = {"tables": [], "accounting": []}
     for name in names:
         entry = {"table": name, "history": [v.as_dict() for v in histories[name]]}
@@ -55,8 +53,7 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
                     spark, name, spec.query, silver_path, paths["ops.batch_accounting"],
                     histories[name], _on_time_counter(spark, silver_path, histories[name])).as_dict())
         report["tables"].append(entry)
-    if (not only or only in SILVER_BOOKS_TABLES) and {"bronze.events", "silver.camera_events",
-                                                      "silver.quarantine", "ops.batch_accounting"} <= present:
+    if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
         acct = histories.get("ops.batch_accounting") or table_history(spark, paths["ops.batch_accounting"])
         report["accounting"].insert(0, B.silver_books(spark, cfg, paths, acct).as_dict())
     report["failures"] = _failures(report)

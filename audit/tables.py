@@ -4,40 +4,42 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.config import TABLES, Config
+from common.config import Config
 
-GOLD_QUERIES = tuple(f"gold_{t}" for t in TABLES["gold"])
 
-# Streaming queries that write each table (their checkpoints hold how far they got).
-WRITERS = {
-    "bronze.events": ("bronze_files", "bronze_kafka"),
-    "silver.camera_events": ("silver",),
-    "silver.quarantine": ("silver",),
-    **{f"gold.{t}": (f"gold_{t}",) for t in TABLES["gold"]},
-}
-# Streaming queries that read each table as a Delta stream source.
-STREAM_READERS = {
-    "bronze.events": ("silver",),
-    "silver.camera_events": GOLD_QUERIES,
-}
-# Tables a query writes, so a reset knows what to rebuild with it.
-OUTPUTS = {q: tuple(t for t, ws in WRITERS.items() if q in ws)
-           for q in {q for ws in WRITERS.values() for q in ws}}
+def writers(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """Streaming queries that write each table (their checkpoints hold how far they got)."""
+    return {"bronze.events": ("bronze_files", "bronze_kafka"),
+            f"silver.{cfg.silver_table}": ("silver",),
+            "silver.quarantine": ("silver",),
+            **{f"gold.{t}": (f"gold_{t}",) for t in cfg.tables["gold"]}}
+
+
+def stream_readers(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """Streaming queries that read each table as a Delta stream source."""
+    return {"bronze.events": ("silver",),
+            f"silver.{cfg.silver_table}": tuple(f"gold_{t}" for t in cfg.tables["gold"])}
+
+
+def outputs(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """Tables a query writes, so a reset knows what to rebuild with it."""
+    w = writers(cfg)
+    return {q: tuple(t for t, ws in w.items() if q in ws) for q in {q for ws in w.values() for q in ws}}
 
 
 class TableError(ValueError):
     """An unknown table name, or a table that does not exist on disk."""
 
 
-def all_names() -> list[str]:
-    return [f"{layer}.{t}" for layer, ts in TABLES.items() for t in ts]
+def all_names(cfg: Config) -> list[str]:
+    return [f"{layer}.{t}" for layer, ts in cfg.tables.items() for t in ts]
 
 
 def resolve(cfg: Config, name: str, must_exist: bool = True) -> str:
     """Path of `layer.table`; a clear error for unknown names and missing tables."""
     layer, _, table = name.partition(".")
-    if table not in TABLES.get(layer, ()):
-        raise TableError(f"unknown table {name!r}; known tables: {', '.join(all_names())}")
+    if table not in cfg.tables.get(layer, ()):
+        raise TableError(f"unknown table {name!r}; known tables: {', '.join(all_names(cfg))}")
     path = cfg.table_path(layer, table)
     if must_exist and not (Path(path) / "_delta_log").is_dir():
         raise TableError(f"table {name} does not exist at {path} (has its job run?)")
@@ -45,7 +47,7 @@ def resolve(cfg: Config, name: str, must_exist: bool = True) -> str:
 
 
 def existing(cfg: Config) -> list[str]:
-    return [n for n in all_names() if (Path(resolve(cfg, n, must_exist=False)) / "_delta_log").is_dir()]
+    return [n for n in all_names(cfg) if (Path(resolve(cfg, n, must_exist=False)) / "_delta_log").is_dir()]
 
 
 @contextmanager

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.config import TABLES, Config
+from common.config import Config
 
 
 def existing_tables(cfg: Config) -> list[tuple[str, str, str]]:
     """(layer, table, path) for every lakehouse table that has a Delta log on disk."""
     found = []
-    for layer, tables in TABLES.items():
+    for layer, tables in cfg.tables.items():
         for table in tables:
             path = cfg.table_path(layer, table)
             if (Path(path) / "_delta_log").is_dir():
@@ -24,7 +24,7 @@ def existing_tables(cfg: Config) -> list[tuple[str, str, str]]:
 
 
 def ddl(cfg: Config) -> list[str]:
-    stmts = [f"CREATE SCHEMA IF NOT EXISTS {layer}" for layer in TABLES]
+    stmts = [f"CREATE SCHEMA IF NOT EXISTS {layer}" for layer in cfg.tables]
     stmts += [f"CREATE TABLE IF NOT EXISTS {layer}.{table} USING DELTA LOCATION '{path}'"
               for layer, table, path in existing_tables(cfg)]
     return stmts

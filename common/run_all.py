@@ -22,7 +22,7 @@ from pathlib import Path
 from common.config import ConfigError, load_config
 from common.streaming import apply_trigger_args
 
-LAYERS = (("bronze", None), ("silver", ("bronze", "events")), ("gold", ("silver", "camera_events")))
+LAYERS = (("bronze", None), ("silver", ("bronze", "events")), ("gold", ("silver", None)))
 
 
 def _spawn(layer: str, env: dict) -> subprocess.Popen:
@@ -71,6 +71,8 @@ class Supervisor:
         while not self.stopping:
             if pending:
                 layer, needs = pending[0]
+                if needs == ("silver", None):       # the profile's silver table
+                    needs = ("silver", self.cfg.silver_table)
                 if needs is None or (Path(self.cfg.table_path(*needs)) / "_delta_log").is_dir():
                     self.jobs[layer] = _spawn(layer, self.env)
                     print(f"run-all: started {layer} (pid {self.jobs[layer].pid})", flush=True)

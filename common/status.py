@@ -14,9 +14,11 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common.config import TABLES, ConfigError, load_config
+from common.config import ConfigError, load_config
 
-QUERIES = ("bronze_files", "bronze_kafka", "silver", *(f"gold_{t}" for t in TABLES["gold"]))
+
+def queries(cfg) -> tuple[str, ...]:
+    return ("bronze_files", "bronze_kafka", "silver", *(f"gold_{t}" for t in cfg.tables["gold"]))
 
 
 def checkpoint_batches(checkpoint: str) -> tuple[int | None, int | None]:
@@ -98,7 +100,7 @@ def query_status(spark, cfg) -> list[dict]:
                 row["last_error"] = error_summary(last_error[name].error)
                 row["error_at"] = last_error[name].timestamp
             del row["_run"]
-    for q in QUERIES:
+    for q in queries(cfg):
         planned, committed = checkpoint_batches(cfg.checkpoint(q))
         if planned is None and q not in rows:
             continue

@@ -1,5 +1,5 @@
-"""Gold job: silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity,
-gold.device_sessions. One streaming query per table, each with its own checkpoint.
+"""Gold job: silver -> the profile's gold tables (nest: gold.zip_hourly_sightings,
+gold.device_activity, gold.device_sessions). One streaming query per table, own checkpoint.
 
     python -m gold.job [--only sightings,activity,sessions] [--trigger ...] [--interval ...]
 
@@ -28,7 +28,8 @@ from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_tr
                               await_queries, fail, run_job, trigger)
 from gold import sessions as S
 from gold import transform as T
-from gold.tables import TABLES, GoldTable
+from gold.tables import GoldTable, for_config
+from gold.tables import TABLES  # noqa: F401  (nest's tables, for callers that import them here)
 
 
 def output_schema(spark, cfg, spec: GoldTable, silver_schema):
@@ -60,11 +61,12 @@ class GoldBatch:
     def __init__(self, spark, cfg, spec: GoldTable, gate: QualityGate | None, books):
         self.spark, self.cfg, self.spec, self.gate, self.books = spark, cfg, spec, gate, books
         self.path = cfg.table_path("gold", spec.table)
+        self.upstream = f"silver.{cfg.silver_table}"
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark, cfg, spec = self.spark, self.cfg, self.spec
         checkpoint = cfg.checkpoint(spec.query)
-        lineage = batch_lineage(checkpoint, spec.query, batch_id, "silver.camera_events")
+        lineage = batch_lineage(checkpoint, spec.query, batch_id, self.upstream)
         watermark = lineage["watermark_ms"]
         app_id = f"{spec.query}-{checkpoint_query_id(checkpoint)}"
         updates = (T.with_finalized(batch, watermark) if spec.windowed else batch).persist()
@@ -84,17 +86,17 @@ class GoldBatch:
                 # lineage (e.g. one whose events were all late): record it in an empty commit.
                 idempotent_append(session.createDataFrame([], updates.schema), self.path,
                                   f"{app_id}-lineage", batch_id, lineage)
-            if spec.key == "sightings" and cfg.gold.stats_to_kafka and n:
-                publish_stats(cfg, updates)
+            if spec.publish and cfg.gold.stats_to_kafka and n:
+                publish_stats(cfg, spec, updates)
             self.books.stash(batch_id, rows_written=n, quality_ms=quality_ms)
         finally:
             updates.unpersist()
 
 
-def publish_stats(cfg, updates: DataFrame) -> None:
-    """Updated hourly counts to the compacted stats topic. A replayed batch re-sends the same
+def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
+    """Updated window values to the compacted stats topic. A replayed batch re-sends the same
     key with the same value, which compaction collapses."""
-    (T.sightings_kafka_records(updates).write.format("kafka")
+    (T.stats_kafka_records(updates, *spec.publish).write.format("kafka")
      .option("kafka.bootstrap.servers", cfg.kafka.bootstrap_servers)
      .option("topic", cfg.kafka.topics.stats).save())
 
@@ -105,7 +107,7 @@ def progress_counts(progress: dict) -> dict:
 
 def start(spark, cfg, only=None, suites=None):
     """Start the selected gold queries; returns [(query, accounting)]."""
-    silver_path = cfg.table_path("silver", "camera_events")
+    silver_path = cfg.table_path("silver", cfg.silver_table)
     if not (Path(silver_path) / "_delta_log").is_dir():
         raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
     if suites is None:
@@ -123,16 +125,16 @@ def start(spark, cfg, only=None, suites=None):
     # Created up front: concurrent queries creating it on their first batch would conflict.
     ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
     started = []
-    for spec in TABLES:
+    for spec in for_config(cfg):
         if only and spec.key not in only:
             continue
         ensure_table(spark, cfg, "gold", spec.table, output_schema(spark, cfg, spec, silver_schema))
         silver = (spark.readStream.format("delta")
                   .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path))
-        events = T.on_time(silver, cfg.gold.watermark.spark())
+        events = T.on_time(silver, cfg.gold.watermark.spark() if cfg.gold.watermark else None)
         suite = suites.get(f"gold.{spec.table}")
         books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts,
-                                      upstream="silver.camera_events")
+                                      upstream=f"silver.{cfg.silver_table}")
         batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)
         query = (spec.build(events, cfg).writeStream.queryName(spec.query)
                  .outputMode("update")
@@ -147,31 +149,33 @@ def start(spark, cfg, only=None, suites=None):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gold.job", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated subset of: "
-                        + ", ".join(t.key for t in TABLES) + " (default: all)")
+    parser.add_argument("--only", help="comma-separated subset of the profile's gold tables, by key "
+                        "(nest: sightings, activity, sessions; default: all)")
     add_trigger_args(parser)
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
-    if only and only - {t.key for t in TABLES}:
-        parser.error(f"--only: unknown {sorted(only - {t.key for t in TABLES})}")
     try:
         cfg = load_config(env=apply_trigger_args(args, os.environ))
         suites = load_suites(cfg.gold.expectations)
     except (ConfigError, SuiteError) as e:
         return fail(str(e))
+    tables = for_config(cfg)
+    if only and only - {t.key for t in tables}:
+        parser.error(f"--only: unknown {sorted(only - {t.key for t in tables})} for profile "
+                     f"{cfg.profile.name} (known: {', '.join(t.key for t in tables)})")
     stop = GracefulStop()
     stop.install()
     def body(spark):
         pairs = start(spark, cfg, only, suites)
         books = {q.name: b for q, b in pairs}
-        names = [f"gold.{t.table}" for t in TABLES if not only or t.key in only]
-        print(f"gold: silver.camera_events -> {', '.join(names)} ({cfg.streaming.trigger})", flush=True)
+        names = [f"gold.{t.table}" for t in tables if not only or t.key in only]
+        print(f"gold: silver.{cfg.silver_table} -> {', '.join(names)} ({cfg.streaming.trigger})", flush=True)
         await_queries([q for q, _ in pairs], stop, on_tick=lambda q: books[q.name](q))
         for name in names:
             n = spark.read.format("delta").load(cfg.table_path("gold", name.split(".")[1])).count()
             print(f"gold: {name} holds {n} rows", flush=True)
 
-    return run_job(cfg, "gold", body, [t.query for t in TABLES if not only or t.key in only])
+    return run_job(cfg, "gold", body, [t.query for t in tables if not only or t.key in only])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""The gold tables: name, MERGE keys and how each is built from on-time silver events.
+"""The gold tables of a profile: name, MERGE keys and how each is built from on-time silver
+events. The profile declares them (aggregations: group columns, window, slide, measures;
+sessions: key and gap); this module turns each declaration into a builder.
 
 Shared by the streaming job and by the audit, which rebuilds every table version in batch
 with these same builders."""
@@ -7,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from common.profile import Aggregation, Profile
 from gold import sessions as S
 from gold import transform as T
 
@@ -18,20 +21,49 @@ class GoldTable:
     keys: tuple[str, ...]          # MERGE keys
     build: Callable                # (on-time silver events, cfg) -> DataFrame, streaming or batch
     windowed: bool = True
+    gap: str | None = None         # sessions: the profile's gap (a duration or $config.key)
+    publish: tuple | None = None   # (key columns, value column) for gold.stats_to_kafka
 
     @property
     def query(self) -> str:
         return f"gold_{self.table}"
 
+    def gap_seconds(self, cfg) -> float:
+        return cfg.duration(self.gap).seconds
 
-TABLES = (
-    GoldTable("sightings", "zip_hourly_sightings", ("window_start", "zip_code", "unknown_device"),
-              lambda ev, cfg: T.hourly_sightings(ev, cfg.gold.sightings_window.spark())),
-    GoldTable("activity", "device_activity", ("window_start", "device_id"),
-              lambda ev, cfg: T.device_activity(ev, cfg.gold.activity_window.spark(),
-                                                cfg.gold.activity_slide.spark())),
-    GoldTable("sessions", "device_sessions", ("device_id", "session_id"),
-              lambda ev, cfg: S.sessionize(ev, cfg.gold.session_gap.seconds), windowed=False),
-)
 
-BY_TABLE = {t.table: t for t in TABLES}
+def _aggregation(agg: Aggregation) -> GoldTable:
+    def build(events, cfg):
+        return T.windowed_aggregate(events, agg.group, cfg.duration(agg.window).spark(),
+                                    cfg.duration(agg.slide).spark() if agg.slide else None,
+                                    agg.measures)
+    publish = (agg.publish_key, agg.publish_value) if agg.publish_value else None
+    return GoldTable(agg.key, agg.table, ("window_start", *agg.group), build, publish=publish)
+
+
+def gold_tables(profile: Profile) -> tuple[GoldTable, ...]:
+    tables = [_aggregation(a) for a in profile.aggregations]
+    if profile.sessions:
+        s = profile.sessions
+        tables.append(GoldTable("sessions", s.table, (s.key, "session_id"),
+                                lambda ev, cfg, gap=s.gap: S.sessionize(ev, cfg.duration(gap).seconds),
+                                windowed=False, gap=s.gap))
+    return tuple(tables)
+
+
+def for_config(cfg) -> tuple[GoldTable, ...]:
+    return gold_tables(cfg.profile)
+
+
+def by_table(cfg) -> dict[str, GoldTable]:
+    return {t.table: t for t in for_config(cfg)}
+
+
+def __getattr__(name: str):
+    # The nest profile's tables as module constants (what callers used before profiles).
+    if name in ("TABLES", "BY_TABLE"):
+        from silver.transform import default_profile
+
+        tables = gold_tables(default_profile())
+        return tables if name == "TABLES" else {t.table: t for t in tables}
+    raise AttributeError(name)

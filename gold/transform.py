@@ -5,7 +5,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 
-def on_time(events: DataFrame, watermark: str) -> DataFrame:
+def on_time(events: DataFrame, watermark: str | None) -> DataFrame:
     """Attach the event-time watermark and drop events behind it.
 
     Dedup on event_id is a no-op on silver (already unique) but makes this the first stateful
@@ -13,32 +13,21 @@ def on_time(events: DataFrame, watermark: str) -> DataFrame:
     An aggregation would count late partial-aggregate rows instead. Events at or after the
     watermark always fall in windows ending after it, so the aggregations drop nothing more.
     """
+    if watermark is None:
+        # No watermark (gold.watermark: null): nothing is ever late and no window is final.
+        return events
     return events.withWatermark("event_time", watermark).dropDuplicatesWithinWatermark(["event_id"])
 
 
-def hourly_sightings(events: DataFrame, window: str) -> DataFrame:
-    """Person sightings per zip code per tumbling window (Databricks' nest-camera-stats)."""
-    return (events
-            .groupBy(F.window("event_time", window).alias("w"), "zip_code", "unknown_device")
-            .agg(F.sum(F.col("has_person").cast("long")).alias("sightings"),
-                 F.count(F.lit(1)).alias("events"))
+def windowed_aggregate(events: DataFrame, group, window: str, slide: str | None, measures) -> DataFrame:
+    """Measures (Spark SQL aggregate expressions) per group per window: tumbling, or sliding by
+    `slide`. Columns: window_start, window_end, the group columns, the measures in order.
+    Nest's hourly sightings per zip code (Databricks' nest-camera-stats) is one of these."""
+    w = F.window("event_time", window, slide) if slide else F.window("event_time", window)
+    return (events.groupBy(w.alias("w"), *group)
+            .agg(*[F.expr(expression).alias(name) for name, expression in measures])
             .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
-                    "zip_code", "unknown_device", "sightings", "events"))
-
-
-def device_activity(events: DataFrame, window: str, slide: str) -> DataFrame:
-    """Per device, sliding windows of event, motion, sound and person counts."""
-    return (events
-            .groupBy(F.window("event_time", window, slide).alias("w"), "device_id")
-            .agg(F.count(F.lit(1)).alias("events"),
-                 F.sum(F.col("has_motion").cast("long")).alias("motion_events"),
-                 F.sum(F.col("has_sound").cast("long")).alias("sound_events"),
-                 F.sum(F.col("has_person").cast("long")).alias("person_events"),
-                 # The latest event's location, deterministically (last() depends on row order).
-                 F.max_by("zip_code", "event_time").alias("zip_code"))
-            .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
-                    "device_id", "zip_code", "events", "motion_events", "sound_events",
-                    "person_events"))
+                    *group, *[name for name, _ in measures]))
 
 
 def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
@@ -57,12 +46,14 @@ def quality_view(table: str, df: DataFrame) -> DataFrame:
     return df
 
 
-def sightings_kafka_records(updates: DataFrame) -> DataFrame:
-    """Rows for the compacted nest-camera-stats topic: key = zip + window (JSON), value = count."""
+def stats_kafka_records(updates: DataFrame, key_columns, value: str) -> DataFrame:
+    """Rows for the compacted stats topic: key = key columns + window (JSON), value = the measure
+    (nest: zip code + hour -> sightings)."""
     key = F.to_json(F.struct(
-        "zip_code",
+        *key_columns,
         F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start"),
         F.date_format("window_end", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_end")),
-        # Keep "zip_code": null for unknown devices: every key has the same three fields.
+        # Keep e.g. "zip_code": null for unknown devices: every key has the same fields.
         {"ignoreNullFields": "false"})
-    return updates.select(key.alias("key"), F.col("sightings").cast("string").alias("value"))
+    return updates.select(key.alias("key"), F.col(value).cast("string").alias("value"))
+
