@@ -32,9 +32,9 @@ QUERY = "silver"
 METRICS = "silver_input"
 
 
-def output_schemas(spark):
+def output_schemas(spark, cfg=None):
     """Table schemas, derived by running the transforms on an empty bronze batch."""
-    profile = cfg.profile
+    profile = cfg.profile if cfg is not None else T.default_profile()
     empty = spark.createDataFrame([], BRONZE_EVENTS)
     parsed = T.parse_events(empty, T.datetime(2000, 1, 1), 0, profile)
     dim = profile.dimension
@@ -45,7 +45,7 @@ def output_schemas(spark):
 
 
 def ensure_tables(spark, cfg) -> None:
-    silver_schema, quarantine_schema = output_schemas(spark)
+    silver_schema, quarantine_schema = output_schemas(spark, cfg)
     # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
     # kept through OPTIMIZE): the audit uses it to tell which gold micro-batch read each event.
     partition = [cfg.profile.partition] if cfg.profile.partition else []
