@@ -20,7 +20,7 @@ from common.streaming import fail
 
 from audit.diff import (VersionError, check_version, error_text, history, operations_table,
                         parse_version, snapshot, version_range)
-from audit.tables import TableError, outputs, resolve, spark_session, stream_readers, writers
+from audit.tables import TableError, outputs as query_outputs, resolve, spark_session, stream_readers, writers
 
 
 def job_command(query: str) -> str:
@@ -41,7 +41,7 @@ def stream_warnings(cfg, name: str, files_removed: int, files_readded: int) -> l
     stream source fails on a commit that removes files, but takes one that only adds files as
     new input, so the two cases need different advice."""
     out = []
-    STREAM_READERS, WRITERS, OUTPUTS = stream_readers(cfg), writers(cfg), outputs(cfg)
+    STREAM_READERS, WRITERS, OUTPUTS = stream_readers(cfg), writers(cfg), query_outputs(cfg)
     for q in STREAM_READERS.get(name, ()):
         outputs = OUTPUTS.get(q, ())
         head = f"{q} reads {name} as a stream (and writes {', '.join(outputs)})."
