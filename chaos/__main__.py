@@ -81,7 +81,13 @@ def run(cfg, root: Path, s, env: dict) -> dict:
 
     print(f"chaos: lakehouse {root}", flush=True)
     feeder = Feeder(cfg, s.seed, s.events_per_wave, s.files_per_wave, s.wave_span_s)
-    outcome = Session(cfg, root, s, feeder, say=lambda m: print(m, flush=True)).run()
+    try:
+        outcome = Session(cfg, root, s, feeder, say=lambda m: print(m, flush=True)).run()
+    except RuntimeError as e:   # a job that never got going: nothing to audit
+        print(f"chaos: {e}", file=sys.stderr)
+        return {"seed": s.seed, "root": str(root), "kills": [], "kills_by_layer": {}, "ok": False,
+                "unexpected_exits": [], "drain_exit": None, "waves": feeder.expected.waves,
+                "chaos_seconds": None, "checks": [{"name": "kill phase", "ok": False, "detail": str(e)}]}
     summary = {"seed": s.seed, "root": str(root), "kills": [k.as_dict() for k in outcome.kills],
                "kills_by_layer": {l: sum(k.layer == l for k in outcome.kills) for l in ("bronze", "silver", "gold")},
                "unexpected_exits": outcome.unexpected_exits, "drain_exit": outcome.drain_code,
@@ -101,6 +107,7 @@ def run(cfg, root: Path, s, env: dict) -> dict:
         checks = verify(spark, cfg, feeder.expected, code, report)
     summary.update(checks=[c.as_dict() for c in checks.items], figures=checks.figures,
                    audit_exit=code, audit_seconds=(report or {}).get("seconds"),
+                   audit_failures=(report or {}).get("failures"),
                    ok=checks.ok and not outcome.unexpected_exits)
     return summary
 

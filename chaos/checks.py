@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyspark.sql import functions as F
 
@@ -75,6 +76,9 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
     out.figures.update(events_generated=len(expected.events), silver_rows=len(silver_ids),
                        quarantined_events=len(quarantined), silver_late_dropped=late,
                        silver_duplicates_dropped=int(acct.dups or 0))
+    # Waves must not share an event (same device, start and end), or "twice" would be ambiguous.
+    out.add("generator: every event distinct", len(expected.events) == expected.event_count,
+            f"{expected.event_count} events made, {len(expected.events)} distinct event_ids")
     out.add("silver: no event twice (by event_id)", not dup_events, f"{dup_events} duplicate rows")
     out.add("silver: only generated events", not unknown, f"{len(unknown)} unknown {_sample(unknown)}")
     out.add("silver: every generated event in silver, quarantine, or counted late",
@@ -82,6 +86,23 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
             f"{len(expected.events)} generated: {len(silver)} in silver, "
             f"{len(expected.events & quarantined - silver)} quarantined, {len(unaccounted)} elsewhere "
             f"against {late} counted as dropped too late")
+
+    # A batch committed to its checkpoint is never run again, so its ops.batch_accounting row
+    # (written by the driver after the commit) must already exist, or its drop counts are lost.
+    from gold.tables import TABLES as GOLD
+
+    booked = {}
+    for r in read("ops", "batch_accounting").select("query", "batch_id").collect():
+        booked.setdefault(r.query, set()).add(r.batch_id)
+    unbooked = {}
+    for query in ["silver", *(t.query for t in GOLD)]:
+        commits = Path(cfg.checkpoint(query)) / "commits"
+        done = {int(f.name) for f in commits.iterdir() if f.name.isdigit()} if commits.is_dir() else set()
+        if done - booked.get(query, set()):
+            unbooked[query] = sorted(done - booked.get(query, set()))
+    out.figures["committed_batches_without_accounting_row"] = unbooked
+    out.add("ops.batch_accounting: a row for every committed batch", not unbooked,
+            f"missing rows: {unbooked}" if unbooked else "every committed batch booked")
 
     if audit_report is None:
         out.add("audit passes", False, f"audit exit {audit_code}, no JSON report")
