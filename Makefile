@@ -18,7 +18,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit status report kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
+        seed-locations sql demo audit bench-audit status report chaos kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -107,6 +107,10 @@ report: setup ## PNG charts + index.html from ops.query_progress, dq_results, qu
 
 audit: setup ## Audit every table (TABLE=<name> for one): history, prefix integrity of every gold version, accounting (JSON=1)
 	@$(PY) -m audit $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)
+
+# N and SEED have defaults for `make generate`; chaos takes them only when given on the command line.
+chaos: setup ## kill -9 bronze, silver, gold at random points while data arrives, then audit (N=kills, default 10; SEED)
+	$(PY) -m chaos --kills $(if $(filter command line,$(origin N)),$(N),10) $(if $(filter command line,$(origin SEED)),--seed $(SEED))
 
 VERSIONS ?= 50
 bench-audit: setup ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
