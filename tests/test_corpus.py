@@ -15,6 +15,7 @@ has raw NULL and an empty value has raw ''.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -35,7 +36,6 @@ FILE_KINDS = [k for k, v in KINDS.items() if "kafka" not in v]
 KAFKA_KINDS = [k for k, v in KINDS.items() if "kafka" in v]
 LOCATIONS = "device_id,zip_code,city,state\ncam-0001,02108,Boston,MA\ncam-0002,94105,San Francisco,CA\n" \
             "cam-0003,10001,New York,NY\ncam-0004,60601,Chicago,IL\n"
-SILVER_FIELDS = ("device_id", "name", "has_person", "start_time", "unknown_device", "zip_code")
 
 
 def _record(minute: int, device: str = "cam-0001", **extra) -> dict:
@@ -110,6 +110,11 @@ def outcomes(spark, cfg, key: str) -> dict:
     return {"fates": found, "silver": silver_rows}
 
 
+def by_kind(file_uri: str) -> str:
+    """Each kind is its own landing file, named for it."""
+    return Path(unquote(urlparse(file_uri).path)).stem
+
+
 def accounting_by_batch(spark, cfg) -> dict[int, dict]:
     return {r.batch_id: r.asDict() for r in
             table(spark, cfg, "ops", "batch_accounting").where("layer = 'silver'").collect()}
@@ -122,8 +127,6 @@ def drop_tables(spark) -> None:
 
 
 def isolated_env(root: Path, **extra: str) -> dict:
-    import os
-
     env = {k: v for k, v in os.environ.items()
            if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")}
     return {**env, "LAKEHOUSE_ROOT": str(root / "lakehouse"), **extra}
@@ -151,7 +154,6 @@ def files_run(spark, tmp_path_factory):
         procs.append((f"bronze phase {phase}", run(env, "bronze.job", "--source", "files")))
         procs.append((f"silver phase {phase}", run(env, "silver.job")))
         accounting_runs.append(sorted(set(accounting_by_batch(spark, cfg)) - before))
-    by_kind = lambda path: Path(unquote(urlparse(path).path)).stem  # noqa: E731
     bronze = defaultdict(dict)
     for r in table(spark, cfg, "bronze", "events").selectExpr(
             "file_path", "line_number", "CAST(raw AS BINARY) AS raw").collect():
