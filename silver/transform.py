@@ -24,10 +24,10 @@ _CAMERA = StructType([
     StructField("is_online", StringType()),
     StructField("last_event", _LAST_EVENT),
 ])
+# Only what silver uses: a field outside the schema (metadata, new fields) is never parsed, so
+# its type can change without quarantining the record.
 NEST_SCHEMA = StructType([
     StructField("devices", StructType([StructField("cameras", MapType(StringType(), _CAMERA))])),
-    StructField("metadata", StructType([StructField("access_token", StringType()),
-                                        StructField("client_version", StringType())])),
     StructField(CORRUPT, StringType()),
 ])
 
@@ -56,8 +56,9 @@ def _bool(text: Column) -> Column:
 
 
 def _timestamp(text: Column) -> Column:
-    # ISO-8601 with Z or offset; a bare number (epoch) or garbage gives NULL -> bad_timestamp.
-    return F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mm:ss[.SSS][.SS][.S]XXX"))
+    # ISO-8601 with Z or offset, 0-6 fraction digits; no zone, a bare number (epoch) or garbage
+    # gives NULL -> bad_timestamp.
+    return F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]XXX"))
 
 
 def _reason(condition: Column, code: str) -> Column:
@@ -70,17 +71,42 @@ def _reasons(*candidates: Column) -> Column:
 
 def parse_records(bronze: DataFrame) -> DataFrame:
     """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`."""
-    j = F.from_json("raw", NEST_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    # A UTF-8 BOM (first line of a file saved by some Windows tools) is not JSON; bronze keeps it,
+    # the parser skips it.
+    text = F.regexp_replace("raw", "^\ufeff", "")
+    j = F.from_json(text, NEST_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     df = bronze.select("raw", *_lineage(), j.alias("j"))
     cameras = F.col("j.devices.cameras")
-    reasons = _reasons(
-        _reason(F.col("raw").isNull() | (F.trim("raw") == ""), "empty_record"),
-        _reason(F.col("j").isNull() & (F.trim("raw") != "") | F.col(f"j.{CORRUPT}").isNotNull(),
-                "malformed_json"),
-        _reason(F.col("j").isNotNull() & F.col(f"j.{CORRUPT}").isNull()
-                & (cameras.isNull() | (F.size(cameras) == 0)), "missing_cameras"),
-    )
-    return df.withColumn("reasons", reasons).withColumn("parsed", F.size("reasons") == 0)
+    # One reason per record, the first that applies. from_json reads the first JSON value and
+    # ignores what follows it, so content after the closing brace is checked here: an object
+    # must end the line, and "}{" (outside a string) means a second value follows.
+    reason = (F.when(F.col("raw").isNull() | F.col("raw").rlike(r"^\s*$"), "empty_record")
+              .when(~F.is_valid_utf8("raw"), "invalid_utf8")
+              .when(F.col("j").isNull() | ~text.rlike(r"\}\s*$"), "malformed_json")
+              .when(text.rlike(r"\}\s*\{") & (F.coalesce(F.json_array_length(
+                  F.concat(F.lit("["), text, F.lit("]"))), F.lit(0)) != 1), "malformed_json")
+              .when(F.col(f"j.{CORRUPT}").isNotNull(), _shape_reason(text))
+              .when(cameras.isNull() | (F.size(cameras) == 0), "missing_cameras"))
+    return df.withColumn("reasons", _reasons(reason)).withColumn("parsed", F.size("reasons") == 0)
+
+
+def _shape_reason(text: Column) -> Column:
+    """Why valid JSON did not fit NEST_SCHEMA: the first container that is not an object
+    (wrong_type:devices|cameras|camera|last_event), else malformed_json. Each level is read as
+    text (Spark keeps any JSON value as its text in a string field); evaluated only for the
+    records the schema rejected."""
+    def not_object(c: Column) -> Column:
+        return c.isNotNull() & ~c.startswith("{")
+
+    devices = F.from_json(text, "devices STRING")["devices"]
+    cameras = F.from_json(devices, "cameras STRING")["cameras"]
+    each = F.map_values(F.from_json(cameras, MapType(StringType(), StringType())))
+    last_events = F.transform(each, lambda c: F.from_json(c, "last_event STRING")["last_event"])
+    return (F.when(not_object(devices), "wrong_type:devices")
+            .when(not_object(cameras), "wrong_type:cameras")
+            .when(F.exists(each, not_object), "wrong_type:camera")
+            .when(F.exists(last_events, not_object), "wrong_type:last_event")
+            .otherwise("malformed_json"))
 
 
 def explode_events(records: DataFrame, min_event_time: datetime, max_future_seconds: float) -> DataFrame:
@@ -97,6 +123,8 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         F.col("cam.device_id").alias("device_id"),
         F.col("cam.name").alias("name"),
         _bool(F.col("cam.is_online")).alias("is_online"),
+        F.col("cam.is_online").alias("_is_online_text"),
+        F.col("camera_key"),
         *[_bool(le[f]).alias(f) for f in BOOL_FIELDS],
         *[_timestamp(le[f]).alias(f) for f in TIME_FIELDS],
         *[le[f].alias(f"_{f}_text") for f in (*BOOL_FIELDS, *TIME_FIELDS)],
@@ -112,6 +140,9 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
                           _reason(text.isNotNull() & F.col(f).isNull(), f"{bad}:{f}")]
     event_reasons = _reasons(
         _reason(F.col("device_id").isNull() | (F.trim("device_id") == ""), "missing_field:device_id"),
+        _reason((F.trim("device_id") != "") & (F.col("camera_key") != F.col("device_id")),
+                "device_id_mismatch"),
+        _reason(F.col("_is_online_text").isNotNull() & F.col("is_online").isNull(), "wrong_type:is_online"),
         _reason(F.col("_no_last_event"), "missing_field:last_event"),
         *field_reasons,
         _reason((F.col("start_time") < earliest) | (F.col("start_time") > latest),
