@@ -95,11 +95,16 @@ def percentile(values: list[float], p: float) -> float | None:
     return ordered[k]
 
 
-def summarize(rows: list[dict], column: str) -> dict:
+def summarize(rows: list[dict], column: str, observed_until: float | None = None) -> dict:
+    """p50/p95 over the files. A file not visible by `observed_until` counts with the time it
+    had waited by then, so a pipeline that falls behind shows it (the figures become lower
+    bounds, and `censored` says how many files were still waiting)."""
     seen = [r[column] for r in rows if r[column] is not None]
-    return {"files": len(rows), "visible": len(seen),
-            "p50_s": _r(percentile(seen, 50)), "p95_s": _r(percentile(seen, 95)),
-            "max_s": _r(max(seen) if seen else None)}
+    waiting = [observed_until - r["landed"] for r in rows if r[column] is None] if observed_until else []
+    values = seen + waiting
+    return {"files": len(rows), "visible": len(seen), "censored": len(waiting),
+            "p50_s": _r(percentile(values, 50)), "p95_s": _r(percentile(values, 95)),
+            "max_s": _r(max(values) if values else None)}
 
 
 def _r(x):

@@ -70,7 +70,8 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
     if lat:
         z, m = lat["zip_hourly_sightings"], lat["max_over_gold"]
         out.append((f"(d) landing -> gold.zip_hourly_sightings at {_n(lat['rate_events_per_s'])} events/s",
-                    f"p50 {z['p50_s']} s, p95 {z['p95_s']} s ({z['visible']}/{z['files']} files visible); "
+                    f"p50 {z['p50_s']} s, p95 {z['p95_s']} s ({z['visible']}/{z['files']} files visible"
+                    f"{'; the rest counted as waiting until the end, so lower bounds' if z['censored'] else ''}); "
                     f"max over gold tables: p50 {m['p50_s']} s, p95 {m['p95_s']} s",
                     f"{TARGETS['latency']}: {_mark(v['latency'])}"))
     s = r.get("state")
@@ -78,7 +79,8 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
         out.append((f"(e) gold state rows over {s['event_time_span_h']} h of event time "
                     f"({s['watermark_multiple']}x the gold watermark)",
                     f"first {_n(s['first'])}, peak {_n(s['peak'])}, last {_n(s['last'])}; "
-                    f"samples {', '.join(_n(x) for x in s['samples'])}",
+                    f"samples {', '.join(_n(x) for x in s['samples'])}; gold's watermark advanced "
+                    f"{s['watermark_advanced_h']} h",
                     f"{TARGETS['state']}: {_mark(v['state'])}"))
     q = r.get("quality")
     if q:
@@ -98,7 +100,9 @@ def markdown(r: dict) -> str:
     head = (f"# Benchmark, N = {r['events']:,} events\n\n"
             f"Started {r['started']}, {r['cores']} cores, load average at start {r.get('load_at_start')}.\n\n"
             "| figure | value | target |\n|---|---|---|\n")
-    return head + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows(r)) + "\n\n" + summary_line(r) + "\n"
+    errors = "".join(f"\n- {k} failed: {v}" for k, v in (r.get("errors") or {}).items())
+    return (head + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows(r))
+            + (f"\n\nErrors:{errors}" if errors else "") + "\n\n" + summary_line(r) + "\n")
 
 
 def summary_line(r: dict) -> str:
@@ -118,8 +122,9 @@ def summary_line(r: dict) -> str:
     else:
         parts.append("latency -")
     s = r.get("state")
+    shape = {True: "flat", False: "growing", None: "too little event time processed"}[s["flat"]] if s else ""
     parts.append(f"gold state {_n(s['first'])}/{_n(s['peak'])}/{_n(s['last'])} first/peak/last "
-                 f"{'flat' if s['flat'] else 'growing'} ({_mark(v['state'])})" if s else "state -")
+                 f"{shape} ({_mark(v['state'])})" if s else "state -")
     q = r.get("quality")
     parts.append(f"quality {q['silver_share']:.1%} of silver ({_mark(v['quality'])})" if q else "quality -")
     return f"SUMMARY N={r['events']:,}: " + " | ".join(parts)
