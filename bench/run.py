@@ -57,7 +57,7 @@ def run_logged(cmd: list[str], env: dict, log_path: Path, marks=()) -> tuple[flo
     one of `marks` appeared (seconds since start)."""
     seen: dict[str, float] = {}
     started = time.monotonic()
-    with open(log_path, "a") as out:
+    with open(log_path, "a", buffering=1) as out:   # line-buffered: the log can be followed live
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace")
         for line in proc.stdout:
