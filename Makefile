@@ -116,6 +116,11 @@ VERSIONS ?= 50
 bench-audit: setup ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
 	$(PY) -m bench.audit_versions --versions $(VERSIONS)
 
+# `make bench N=20000` works too: N given on the command line wins over BENCH_N's default
+# (the N ?= 10000 above is generate's default and must not leak into the bench).
 BENCH_N ?= 1000000
-bench: setup ## Throughput of bronze, silver, gold on BENCH_N events (default 1M); results in bench-results/
-	$(PY) -m bench.run -n $(BENCH_N)
+ifeq ($(origin N),command line)
+BENCH_N := $(N)
+endif
+bench: setup ## Ceiling, layer throughput, incremental cost, latency, state, quality on BENCH_N events (ONLY=a,b..., BENCH_ARGS=...)
+	$(PY) -m bench.run -n $(BENCH_N) $(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
