@@ -19,7 +19,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q PROFILE PROFILES_DIR
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit status report kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
+        seed-locations sql demo audit bench-audit status report chaos kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -109,10 +109,19 @@ report: setup ## PNG charts + index.html from ops.query_progress, dq_results, qu
 audit: setup ## Audit every table (TABLE=<name> for one): history, prefix integrity of every gold version, accounting (JSON=1)
 	@$(PY) -m audit $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)
 
+# N and SEED have defaults for `make generate`; chaos takes them only when given on the command line.
+chaos: setup ## kill -9 bronze, silver, gold at random points while data arrives, then audit (N=kills, default 10; SEED)
+	$(PY) -m chaos --kills $(if $(filter command line,$(origin N)),$(N),10) $(if $(filter command line,$(origin SEED)),--seed $(SEED))
+
 VERSIONS ?= 50
 bench-audit: setup ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
 	$(PY) -m bench.audit_versions --versions $(VERSIONS)
 
+# `make bench N=20000` works too: N given on the command line wins over BENCH_N's default
+# (the N ?= 10000 above is generate's default and must not leak into the bench).
 BENCH_N ?= 1000000
-bench: setup ## Throughput of bronze, silver, gold on BENCH_N events (default 1M); results in bench-results/
-	$(PY) -m bench.run -n $(BENCH_N)
+ifeq ($(origin N),command line)
+BENCH_N := $(N)
+endif
+bench: setup ## Ceiling, layer throughput, incremental cost, latency, state, quality on BENCH_N events (ONLY=a,b..., BENCH_ARGS=...)
+	$(PY) -m bench.run -n $(BENCH_N) $(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)

@@ -1,10 +1,19 @@
-"""Benchmark: generate N events, run bronze, silver and gold as the user would (separate jobs,
-available-now), and report throughput, per-batch time and the quality gate's share.
+"""Benchmark: six figures measured in one run on this machine.
 
-    python -m bench.run -n 1000000 [--keep]      (make bench BENCH_N=...)
+    python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--stream-seconds 90]
+    (make bench BENCH_N=1000000, or make bench N=20000)
 
-Wall times include each job's Spark start-up, reported separately as `spark_startup_s`.
-Results go to bench-results/<timestamp>.json.
+  a  engine ceiling: the landing files, raw schema and explode into Spark's noop sink
+  b  throughput of bronze, silver, gold and of `make run-all` (available-now), events/s,
+     end-to-end as a multiple of (a)
+  c  after the full run, +1% data: the incremental `make run-all` against a from-scratch batch
+     recompute of all layers with the same transforms (bench/recompute.py)
+  d  landing -> gold latency, p50/p95, with processing-time triggers and a steady feed
+  e  gold state rows over a stream whose event time spans 10x the gold watermark
+  f  the quality gate's share of silver batch time (ops.batch_accounting.quality_ms)
+
+d and e come from the same streaming run (fresh lakehouse); a, b, c and f share the first one.
+Results: bench-results/bench-<time>-<N>.json and .md; the summary line is printed last.
 """
 from __future__ import annotations
 
@@ -12,93 +21,373 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench import summary
+from bench.latency import file_latencies, summarize
+
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
+SECTIONS = "abcdef"
+GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
 
 
-def timed(cmd: list[str], env: dict) -> float:
+class BenchError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"bench {datetime.now(timezone.utc):%H:%M:%S} {msg}", flush=True)
+
+
+def base_env(root: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "TRIGGER", "TRIGGER_INTERVAL")}
+    env.update({"LAKEHOUSE_ROOT": str(root), "SOURCE": "files", "TRIGGER": "available-now", **extra})
+    return env
+
+
+def run_logged(cmd: list[str], env: dict, log_path: Path, marks=()) -> tuple[float, dict]:
+    """Run cmd, its output to log_path; returns wall seconds and when each line starting with
+    one of `marks` appeared (seconds since start)."""
+    seen: dict[str, float] = {}
     started = time.monotonic()
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return time.monotonic() - started
+    with open(log_path, "a", buffering=1) as out:   # line-buffered: the log can be followed live
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
+        for line in proc.stdout:
+            out.write(line)
+            for m in marks:
+                if line.startswith(m) and m not in seen:
+                    seen[m] = time.monotonic() - started
+        code = proc.wait()
+    if code != 0:
+        raise BenchError(f"{' '.join(cmd[1:])} failed (exit {code}); see {log_path}")
+    return time.monotonic() - started, seen
 
 
-def accounting(env: dict) -> list[dict]:
-    code = ("import json; from common.config import load_config; from common.spark import build_spark;"
-            "s = build_spark(load_config());"
-            "rows = s.sql(\"SELECT layer, query, count(*) AS batches, sum(rows_in) AS rows_in, "
-            "sum(records_in) AS records_in, sum(events_parsed) AS events_parsed, "
-            "sum(events_written) AS events_written, sum(rows_written) AS rows_written, "
-            "sum(batch_ms) AS batch_ms, sum(quality_ms) AS quality_ms "
-            "FROM ops.batch_accounting GROUP BY layer, query\").collect();"
-            "print('JSON' + json.dumps([r.asDict() for r in rows]))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("JSON")), None)
-    if line is None:
-        sys.exit(f"reading ops.batch_accounting failed:\n{out.stderr[-3000:]}")
-    return json.loads(line[4:])
+class Session:
+    """One Spark session for the bench's own reads and the ceiling, built on first use."""
+
+    def __init__(self, cfg):
+        self.cfg, self._spark = cfg, None
+
+    def __call__(self):
+        if self._spark is None:
+            from common.spark import build_spark
+            self._spark = build_spark(self.cfg, "bench")
+        return self._spark
+
+    def sql(self, query: str) -> list[dict]:
+        return [r.asDict() for r in self().sql(query).collect()]
+
+    def stop(self):
+        if self._spark is not None:
+            self._spark.stop()
+
+
+def layer_of(query: str) -> str:
+    return "gold" if query.startswith("gold") else "bronze" if query.startswith("bronze") else query
+
+
+def processing_spans(session: Session, cfg, since_ms: int = 0) -> dict[str, float]:
+    """Per layer, seconds from its first batch's trigger to its last batch's end (the three
+    gold queries run side by side, so their span is not the sum of their batches)."""
+    path = cfg.table_path("ops", "query_progress")
+    rows = session.sql(
+        f"SELECT query_name, min(unix_millis(timestamp)) AS t0, "
+        f"max(unix_millis(timestamp) + batch_duration_ms) AS t1 FROM delta.`{path}` "
+        f"WHERE event = 'progress' AND input_rows > 0 AND unix_millis(timestamp) >= {since_ms} "
+        f"GROUP BY query_name")
+    spans: dict[str, list] = {}
+    for r in rows:
+        s = spans.setdefault(layer_of(r["query_name"]), [r["t0"], r["t1"]])
+        s[0], s[1] = min(s[0], r["t0"]), max(s[1], r["t1"])
+    return {k: round((t1 - t0) / 1000, 2) for k, (t0, t1) in spans.items()}
+
+
+# --- a, b, c, f: one lakehouse, available-now ---------------------------------------------
+
+def generate(env: dict, run_dir: Path, n: int, seed: int, extra=()) -> dict:
+    manifest = run_dir / f"manifest-{seed}.json"
+    run_logged([sys.executable, "-m", "bronze.generator", "-n", str(n), "--seed", str(seed),
+                "--manifest", str(manifest), *extra], env, run_dir / "generate.log")
+    return json.loads(manifest.read_text())
+
+
+def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) -> dict:
+    log(f"(b) make run-all over {events:,} events")
+    started_ms = int(time.time() * 1000)
+    wall, marks = run_logged([sys.executable, "-m", "common.run_all"], env, run_dir / "run-all.log",
+                             marks=("bronze: done", "silver: done"))
+    ends = {"bronze": marks.get("bronze: done"), "silver": marks.get("silver: done"), "gold": wall}
+    spans = processing_spans(session, cfg, started_ms)
+    layers, previous = {}, 0.0
+    for layer in ("bronze", "silver", "gold"):
+        end = ends[layer] if ends[layer] is not None else wall
+        w, p = end - previous, spans.get(layer)
+        previous = end
+        layers[layer] = {"wall_s": round(w, 1), "events_per_s_wall": round(events / w) if w > 0 else None,
+                         "processing_s": p, "events_per_s_processing": round(events / p) if p else None}
+    out = {"layers": layers, "end_to_end_s": round(wall, 1), "end_to_end_events_per_s": round(events / wall)}
+    if ceiling:
+        out["end_to_end_vs_ceiling"] = round(out["end_to_end_events_per_s"] / ceiling["events_per_s"], 3)
+    return out
+
+
+def quality(session, cfg) -> dict:
+    path = cfg.table_path("ops", "batch_accounting")
+    rows = {r["layer"]: r for r in session.sql(
+        f"SELECT layer, count(*) AS batches, sum(batch_ms) AS batch_ms, sum(quality_ms) AS quality_ms "
+        f"FROM delta.`{path}` GROUP BY layer")}
+    s, g = rows.get("silver") or {}, rows.get("gold") or {}
+    share = lambda r: round((r.get("quality_ms") or 0) / r["batch_ms"], 3) if r.get("batch_ms") else None  # noqa: E731
+    return {"silver_share": share(s), "silver_batches": s.get("batches"),
+            "silver_quality_s": round((s.get("quality_ms") or 0) / 1000, 1),
+            "silver_batch_s": round((s.get("batch_ms") or 0) / 1000, 1),
+            "gold_share": share(g)}
+
+
+def incremental(session, cfg, env, run_dir, manifest: dict, seed: int) -> dict:
+    """+1% events, continuing in event time where the first run ended, at the same event rate."""
+    g = cfg.generator
+    n = max(1, manifest["events"] // 100)
+    span = g.span.seconds / 100
+    start = datetime.fromtimestamp(g.start.timestamp() + g.span.seconds, timezone.utc)
+    gen_env = {**env, "LAKEHOUSE__GENERATOR__START": start.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    log(f"(c) appending {n:,} events, then incremental run-all and batch recompute")
+    generate(gen_env, run_dir, n, seed + 1, ("--span", f"{span:g} seconds", "--files", "2"))
+    started_ms = int(time.time() * 1000)
+    inc_wall, _ = run_logged([sys.executable, "-m", "common.run_all"], env, run_dir / "run-all-incremental.log")
+    spans = processing_spans(session, cfg, started_ms)
+    out_dir = run_dir / "recompute"
+    rec_wall, _ = run_logged([sys.executable, "-m", "bench.recompute", "--out", str(out_dir)], env,
+                             run_dir / "recompute.log")
+    line = next(l for l in (run_dir / "recompute.log").read_text().splitlines() if l.startswith("RECOMPUTE "))
+    rec = json.loads(line[len("RECOMPUTE "):])
+    inc_proc = round(sum(spans.values()), 2)
+    rec_proc = round(sum(rec.values()), 2)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return {"appended_events": n, "incremental_wall_s": round(inc_wall, 1), "recompute_wall_s": round(rec_wall, 1),
+            "ratio_wall": round(inc_wall / rec_wall, 3),
+            "incremental_processing_s": inc_proc, "incremental_processing_by_layer": spans,
+            "recompute_processing_s": rec_proc, "recompute_by_layer": rec,
+            "ratio_processing": round(inc_proc / rec_proc, 3) if rec_proc else None}
+
+
+# --- d, e: a streaming run with a steady feed ----------------------------------------------
+
+def _wait(predicate, timeout: float, proc=None, what="") -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if proc is not None and proc.poll() is not None:
+            raise BenchError(f"run-all exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(1)
+    return False
+
+
+def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
+    from bronze.generator import Params, write_locations
+    from bench.feeder import Feeder, stream_params
+    from common.config import load_config
+
+    root = run_dir / "lakehouse-stream"
+    extra = {"TRIGGER": "processing-time"}
+    if args.interval:
+        extra["TRIGGER_INTERVAL"] = args.interval
+    env = base_env(root, **extra)
+    cfg = load_config(env=env)
+    span = args.watermark_multiple * cfg.gold.watermark.seconds
+    params = stream_params(Params.from_config(cfg.generator), span)
+    feeder = Feeder(cfg.landing, params, args.seed, args.rate, args.stream_seconds)
+    write_locations(cfg.locations_csv, params.devices)
+    cfg.landing.mkdir(parents=True, exist_ok=True)
+    log(f"(d, e) run-all --trigger processing-time; feeding {feeder.events:,} events at {args.rate:,}/s "
+        f"for {args.stream_seconds:g} s, event time spanning {span / 3600:g} h")
+    log_file = open(run_dir / "run-all-stream.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "common.run_all", "--trigger", "processing-time"],
+                            env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        gold_log = Path(cfg.table_path("gold", GOLD[0])) / "_delta_log"
+        if not _wait(gold_log.is_dir, args.startup_timeout, proc, "the gold job to start"):
+            raise BenchError(f"gold did not start within {args.startup_timeout} s; see {log_file.name}")
+        feeder.start()
+        feeder.join()
+        log("(d, e) feed done; waiting for gold to catch up")
+
+        def caught_up():
+            rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
+            return bool(rows) and all(r[GOLD[0]] is not None for r in rows)
+
+        drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
+        observed_until = time.time()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)   # run-all passes it on once to each job
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log_file.close()
+    rows = file_latencies(cfg, feeder.landed, list(GOLD))
+    warm = feeder.started_at + args.warmup_seconds
+    measured = [r for r in rows if r["landed"] >= warm]
+    for r in measured:
+        vals = [r[t] for t in GOLD]
+        r["max_over_gold"] = None if any(v is None for v in vals) else max(vals)
+    fed_seconds = feeder.finished_at - feeder.started_at
+    latency = {"rate_events_per_s": args.rate,
+               "fed_events_per_s": round(feeder.events / max(fed_seconds, 1e-9)),
+               "interval": args.interval or "conf (streaming.<layer>_interval)",
+               "files": len(rows), "warmup_s": args.warmup_seconds, "drained": drained,
+               "zip_hourly_sightings": summarize(measured, GOLD[0], observed_until),
+               "max_over_gold": summarize(measured, "max_over_gold", observed_until),
+               "stages_p50_s": {k: summarize(measured, k)["p50_s"] for k in ("bronze", "silver", *GOLD)}}
+    (run_dir / "latency-files.json").write_text(json.dumps(rows, indent=1))
+    return latency, {"span_s": span, "multiple": args.watermark_multiple}, cfg
+
+
+def state(session, cfg, span: dict) -> dict:
+    """Gold state rows over the streaming run: after each gold batch, the sum over the three
+    queries of each one's latest state_rows. Flat: the second half's peak is within 25% of
+    the first half's (unbounded state keeps growing with event time)."""
+    path = cfg.table_path("ops", "query_progress")
+    rows = session.sql(
+        f"SELECT query_name, unix_millis(timestamp) AS t, state_rows, unix_millis(watermark) AS wm "
+        f"FROM delta.`{path}` WHERE event = 'progress' AND query_name LIKE 'gold_%' "
+        f"AND state_rows IS NOT NULL ORDER BY t")
+    latest: dict[str, int] = {}
+    series = []
+    for r in rows:
+        latest[r["query_name"]] = r["state_rows"]
+        if len(latest) == len(GOLD):
+            series.append((r["t"], sum(latest.values())))
+    if not series:
+        return {}
+    values = [v for _, v in series]
+    half = len(values) // 2
+    first_half, second_half = max(values[:half] or values), max(values[half:])
+    picks = [values[round(i * (len(values) - 1) / 7)] for i in range(8)]
+    wms = [r["wm"] for r in rows if r["wm"] and r["wm"] > 0]
+    advanced_h = round((max(wms) - min(wms)) / 3_600_000, 2) if wms else 0.0
+    # State is bounded by about one or two watermarks of event time; a run whose gold got
+    # through less than three cannot tell flat from growing.
+    enough = advanced_h * 3600 >= 3 * cfg.gold.watermark.seconds
+    by_query = {}
+    for q in sorted(latest):
+        v = [r["state_rows"] for r in rows if r["query_name"] == q]
+        by_query[q] = {"first": v[0], "peak": max(v), "last": v[-1]}
+    return {"first": values[0], "peak": max(values), "last": values[-1], "samples": picks,
+            "batches": len(values), "second_half_peak_over_first": round(second_half / max(first_half, 1), 2),
+            "flat": (second_half <= 1.25 * first_half) if enough else None,
+            "watermark_advanced_h": advanced_h,
+            "event_time_span_h": round(span["span_s"] / 3600, 2), "watermark_multiple": span["multiple"],
+            "by_query": by_query}
+
+
+# --- driver --------------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f (default 1M)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--only", default=SECTIONS, help="sections to run, e.g. a,b (default: all six)")
+    p.add_argument("--rate", type=int, default=5000, help="(d, e) feed rate, events/s (default 5000)")
+    p.add_argument("--stream-seconds", type=float, default=90, help="(d, e) how long to feed (default 90)")
+    p.add_argument("--warmup-seconds", type=float, default=15,
+                   help="(d) files landed in the feed's first seconds are not counted (default 15)")
+    p.add_argument("--drain-seconds", type=float, default=120,
+                   help="(d, e) after the feed, at most this long for gold to catch up (default 120)")
+    p.add_argument("--startup-timeout", type=float, default=300,
+                   help="(d, e) at most this long for the three jobs to start (default 300)")
+    p.add_argument("--interval", help="(d, e) TRIGGER_INTERVAL for every layer, e.g. '1 second' "
+                                      "(default: the per-layer intervals in conf)")
+    p.add_argument("--watermark-multiple", type=float, default=10,
+                   help="(e) event-time span of the feed, in gold watermarks (default 10)")
+    p.add_argument("--keep", action="store_true", help="keep the benchmark lakehouses")
+    args = p.parse_args(argv)
+    args.sections = {s.strip() for s in args.only.split(",") if s.strip()}
+    if not args.sections or args.sections - set(SECTIONS):
+        p.error(f"--only takes letters from {','.join(SECTIONS)}, got {args.only!r}")
+    if args.events < 100:
+        p.error("-n must be at least 100 (the incremental phase appends 1%)")
+    return args
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", "--events", type=int, default=1_000_000)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--keep", action="store_true", help="keep the benchmark lakehouse")
-    args = parser.parse_args(argv)
+    from common.config import load_config
 
-    root = OUT / f"lakehouse-{args.events}"
-    shutil.rmtree(root, ignore_errors=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR")}
-    env.update(LAKEHOUSE_ROOT=str(root), TRIGGER="available-now", SOURCE="files")
-    py = sys.executable
-    manifest = root / "manifest.json"
-    root.mkdir(parents=True)
+    args = parse_args(argv)
+    stamp = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    run_dir = OUT / f"run-{stamp}-{args.events}"
+    run_dir.mkdir(parents=True)
+    result = {"events": args.events, "seed": args.seed, "cores": os.cpu_count(), "sections": sorted(args.sections),
+              "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "load_at_start": [round(x, 1) for x in os.getloadavg()]}
+    root = run_dir / "lakehouse"
+    env = base_env(root)
+    cfg = load_config(env=env)
+    session = Session(cfg)
+    errors = result.setdefault("errors", {})
 
-    result = {"events": args.events, "seed": args.seed, "cores": os.cpu_count(),
-              "started": datetime.now(timezone.utc).isoformat()}
-    result["spark_startup_s"] = timed([py, "-c", "from common.config import load_config;"
-                                       "from common.spark import build_spark; build_spark(load_config()).stop()"], env)
-    result["generate_s"] = timed([py, "-m", "bronze.generator", "-n", str(args.events),
-                                  "--seed", str(args.seed), "--manifest", str(manifest)], env)
-    m = json.loads(manifest.read_text())
-    result["records"] = m["records"]
-    for layer in ("bronze", "silver", "gold"):
-        result[f"{layer}_wall_s"] = timed([py, "-m", f"{layer}.job"], env)
-    books = accounting(env)
-    result["accounting"] = books
+    def phase(name, fn, *a):
+        """A failed phase is reported and the others still run (and are still written)."""
+        try:
+            return fn(*a)
+        except Exception as e:  # noqa: BLE001 - one broken figure must not lose the other five
+            errors[name] = f"{type(e).__name__}: {e}"
+            print(f"error in {name}: {errors[name]}", file=sys.stderr, flush=True)
+            return None
 
-    silver = [b for b in books if b["layer"] == "silver"]
-    gold = [b for b in books if b["layer"] == "gold"]
-    s_batch = sum(b["batch_ms"] or 0 for b in silver)
-    s_quality = sum(b["quality_ms"] or 0 for b in silver)
-    total = result["bronze_wall_s"] + result["silver_wall_s"] + result["gold_wall_s"]
-    result["summary"] = {
-        "bronze_records_per_s_wall": round(m["records"] / result["bronze_wall_s"]),
-        "silver_events_per_s_wall": round(m["events"] / result["silver_wall_s"]),
-        "silver_events_per_s_batches": round(m["events"] / (s_batch / 1000)) if s_batch else None,
-        "silver_quality_share": round(s_quality / s_batch, 3) if s_batch else None,
-        "gold_batch_s_by_query": {b["query"]: round((b["batch_ms"] or 0) / 1000, 1) for b in gold},
-        "gold_quality_share": round(sum(b["quality_ms"] or 0 for b in gold)
-                                    / max(1, sum(b["batch_ms"] or 0 for b in gold)), 3),
-        "end_to_end_s": round(total, 1),
-        "end_to_end_events_per_s": round(m["events"] / total),
-    }
-    OUT.mkdir(exist_ok=True)
-    path = OUT / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{args.events}.json"
-    path.write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps({k: v for k, v in result.items() if k != "accounting"}, indent=2, default=str))
-    print(f"results: {path}")
+    try:
+        if args.sections & set("abcf"):
+            log(f"generating {args.events:,} events")
+            manifest = phase("generate", generate, env, run_dir, args.events, args.seed)
+            if manifest:
+                result["records"] = manifest["records"]
+                if "a" in args.sections:
+                    log("(a) engine ceiling: landing files -> explode -> noop")
+                    from bench.ceiling import measure
+                    result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events))
+                if args.sections & set("bcf"):
+                    result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
+                                                 result.get("ceiling"))
+                    result["quality"] = phase("f", quality, session, cfg)
+                if "c" in args.sections and result.get("throughput"):
+                    result["incremental"] = phase("c", incremental, session, cfg, env, run_dir, manifest, args.seed)
+        if args.sections & set("de"):
+            streamed = phase("d,e", stream_phase, args, run_dir)
+            if streamed:
+                latency, span, scfg = streamed
+                if "d" in args.sections:
+                    result["latency"] = latency
+                if "e" in args.sections:
+                    result["state"] = phase("e", state, session, scfg, span)
+    finally:
+        session.stop()
+    result = {k: v for k, v in result.items() if v is not None and v != {}}
+    result["load_at_end"] = [round(x, 1) for x in os.getloadavg()]
+    result["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    base = OUT / f"bench-{stamp}-{args.events}"
+    base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    base.with_suffix(".md").write_text(summary.markdown(result))
     if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+        for d in ("lakehouse", "lakehouse-stream"):
+            shutil.rmtree(run_dir / d, ignore_errors=True)
+    print()
+    print(summary.text_table(result))
+    print(f"\nresults: {base}.json, {base}.md (logs in {run_dir})")
+    print(summary.summary_line(result))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

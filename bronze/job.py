@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from pyspark.errors import StreamingQueryException
 
+from common.accounting import executed_batches
 from common.config import ConfigError, load_config
 from common.delta import ensure_table
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
@@ -67,6 +69,11 @@ def kafka_stream(spark, cfg):
            .option("startingOffsets", src.starting_offsets)
            .option("maxOffsetsPerTrigger", src.max_offsets_per_trigger)
            .option("failOnDataLoss", str(src.fail_on_data_loss).lower())
+           # How long the source's clients wait for an unreachable broker before the query
+           # fails (then run_kafka below takes over). The admin client ignores an API timeout
+           # shorter than its request timeout, so cap that one too.
+           .option("kafka.default.api.timeout.ms", int(src.api_timeout.seconds * 1000))
+           .option("kafka.request.timeout.ms", int(min(src.api_timeout.seconds, 30) * 1000))
            .load())
     return rows_from_kafka(raw)
 
@@ -94,6 +101,74 @@ def _kafka_replay_metrics_npe(error: StreamingQueryException) -> bool:
     return "NullPointerException" in trace and "KafkaMicroBatchStream" in trace
 
 
+# Kafka client errors of an unreachable broker: on the driver (offset fetch via the admin client)
+# and on executors (a fetch that could not complete).
+_BROKER_DOWN = ("org.apache.kafka.common.errors.TimeoutException",
+                "org.apache.kafka.common.errors.DisconnectException",
+                "org.apache.kafka.common.errors.NetworkException", "Cannot fetch record for offset")
+
+
+def _broker_unreachable(error: StreamingQueryException) -> bool:
+    trace = f"{error}\n{getattr(error, '_stackTrace', '') or ''}"
+    return any(name in trace for name in _BROKER_DOWN)
+
+
+def run_kafka(spark, cfg, stop: GracefulStop, query) -> None:
+    """Await the Kafka query; when it fails because the broker is unreachable, wait for the
+    broker (backoff from kafka.source) and restart the query from its checkpoint. The Delta
+    sink's batch ids make the restart exactly once. Raises JobError once the broker has been
+    unreachable for kafka.source.max_outage with no batch completed in between."""
+    src = cfg.kafka.source
+    failing_since = None
+    npe_restarted = False
+    while True:
+        try:
+            await_queries([query], stop)
+            return
+        except StreamingQueryException as e:
+            if _kafka_replay_metrics_npe(e) and not npe_restarted:
+                npe_restarted = True
+                print("bronze: Kafka source failed reporting a replayed batch (SPARK-55271); "
+                      "restarting the query from its checkpoint", file=sys.stderr, flush=True)
+            elif _broker_unreachable(e):
+                if failing_since is None or executed_batches(query):
+                    failing_since = time.monotonic()   # a new outage: the last run made progress
+                print(f"bronze: Kafka query failed, broker at {cfg.kafka.bootstrap_servers} unreachable "
+                      f"({str(e).splitlines()[0][:200]}); restarting the query from its checkpoint once "
+                      f"the broker answers (giving up after {src.max_outage})", file=sys.stderr, flush=True)
+                _wait_for_broker(cfg, stop, failing_since + src.max_outage.seconds)
+                if stop.requested.is_set():
+                    return
+            else:
+                raise
+        query = start(spark, cfg, "kafka")
+        print("bronze: Kafka query restarted from its checkpoint", file=sys.stderr, flush=True)
+
+
+def _wait_for_broker(cfg, stop: GracefulStop, give_up_at: float) -> None:
+    from common.kafka_broker import BrokerError, wait_for_kafka
+
+    src, servers = cfg.kafka.source, cfg.kafka.bootstrap_servers
+    backoff = src.reconnect_backoff.seconds
+    while not stop.requested.is_set():
+        left = give_up_at - time.monotonic()
+        try:
+            wait_for_kafka(servers, max(1.0, min(cfg.kafka.connect_timeout.seconds, left)))
+            return
+        except BrokerError:
+            pass
+        left = give_up_at - time.monotonic()
+        if left <= 0:
+            raise JobError(f"Kafka broker at {servers} unreachable for kafka.source.max_outage "
+                           f"({src.max_outage}) with no batch completed; bronze stops. Its checkpoint "
+                           "is intact: start it again once the broker is back")
+        pause = min(backoff, left)
+        print(f"bronze: broker at {servers} still unreachable; next try in {pause:g} s "
+              f"(giving up in {left:.0f} s)", file=sys.stderr, flush=True)
+        stop.requested.wait(pause)
+        backoff = min(backoff * 2, src.reconnect_backoff_max.seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bronze.job", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,14 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         query = start(spark, cfg, cfg.bronze.source)
         print(f"bronze: {cfg.bronze.source} -> {cfg.table_path('bronze', 'events')} "
               f"({cfg.streaming.trigger})", flush=True)
-        try:
+        if cfg.bronze.source == "kafka":
+            run_kafka(spark, cfg, stop, query)
+        else:
             await_queries([query], stop)
-        except StreamingQueryException as e:
-            if cfg.bronze.source != "kafka" or not _kafka_replay_metrics_npe(e):
-                raise
-            print("bronze: Kafka source failed reporting a replayed batch (SPARK-55271); "
-                  "restarting the query from its checkpoint", file=sys.stderr, flush=True)
-            await_queries([start(spark, cfg, "kafka")], stop)
         rows = spark.read.format("delta").load(cfg.table_path("bronze", "events")).count()
         print(f"bronze: done; bronze.events holds {rows} rows", flush=True)
 

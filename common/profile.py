@@ -79,6 +79,7 @@ class Profile:
     schema: str | None             # raw record schema (Spark DDL); None: derived from the fields
     explode_path: tuple[str, ...] | None
     index: str                     # column holding the element's position in its record
+    key_field: str | None          # a map's key must equal this field (else <field>_mismatch)
     fields: tuple[Field, ...]
     derived: tuple[tuple[str, str], ...]
     event_time: str
@@ -188,7 +189,7 @@ def parse_profile(name: str, file: Path, raw: dict) -> Profile:
     src.only("record", "compression")
     p = top.sub("parse")
     p.only("schema", "explode", "index", "fields", "derived", "event_time", "dedup",
-           "quarantine_columns", "partition")
+           "quarantine_columns", "partition", "key_field")
 
     explode = p.get("explode", None)
     fields_raw = p.get("fields", kind=list)
@@ -284,12 +285,18 @@ def parse_profile(name: str, file: Path, raw: dict) -> Profile:
     explode_path = None
     if explode is not None:
         explode_path = tuple(explode.split("."))
+    key_field = p.name("key_field", None)
+    if key_field is not None:
+        if explode_path is None:
+            p.fail("key_field needs an explode over a map", "key_field")
+        if key_field not in by_name:
+            p.fail(f"'{key_field}' is not a declared field", "key_field")
     return Profile(
         name=name, file=file, description=top.get("description", "", kind=str),
         record=src.get("record", "line", choices=("line", "file")),
         compression=src.get("compression", "none", choices=("none", "gzip")),
         schema=p.get("schema", None), explode_path=explode_path,
-        index=p.name("index", "element_index"), fields=tuple(fields), derived=derived,
+        index=p.name("index", "element_index"), key_field=key_field, fields=tuple(fields), derived=derived,
         event_time=event_time, dedup=dedup, quarantine_columns=quarantine_columns,
         partition=p.name("partition", "event_date"),
         silver_table=top.name("silver_table"), dimension=dimension,

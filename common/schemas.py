@@ -38,7 +38,7 @@ BATCH_ACCOUNTING = StructType([
     StructField("rows_in", LongType(), True),
     StructField("rows_written", LongType(), True),
     StructField("batch_ms", LongType(), True),        # the whole trigger, from query progress
-    StructField("quality_ms", LongType(), True),      # time inside the quality gate
+    StructField("quality_ms", LongType(), True),      # quality gate: validate + record dq_results
 ])
 
 DQ_RESULTS = StructType([

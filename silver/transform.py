@@ -85,8 +85,9 @@ def _bool(text: Column) -> Column:
 
 
 def _timestamp(text: Column) -> Column:
-    # ISO-8601 with Z or offset; a bare number (epoch) or garbage gives NULL -> bad_timestamp.
-    return F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mm:ss[.SSS][.SS][.S]XXX"))
+    # ISO-8601 with Z or offset, 0-6 fraction digits; no zone, a bare number (epoch) or garbage
+    # gives NULL -> bad_timestamp.
+    return F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]XXX"))
 
 
 def _reason(condition: Column, code: str) -> Column:
@@ -119,19 +120,81 @@ def _elements_name(profile: Profile) -> str:
 def parse_records(bronze: DataFrame, profile: Profile | None = None) -> DataFrame:
     """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`."""
     profile = profile or default_profile()
-    j = F.from_json("raw", raw_schema(profile), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    # A UTF-8 BOM (first line of a file saved by some Windows tools) is not JSON; bronze keeps it,
+    # the parser skips it.
+    text = F.regexp_replace("raw", "^\ufeff", "")
+    j = F.from_json(text, raw_schema(profile), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     df = bronze.select("raw", *_lineage(), j.alias("j"))
-    candidates = [
-        _reason(F.col("raw").isNull() | (F.trim("raw") == ""), "empty_record"),
-        _reason(F.col("j").isNull() & (F.trim("raw") != "") | F.col(f"j.{CORRUPT}").isNotNull(),
-                "malformed_json"),
-    ]
+    # One reason per record, the first that applies. from_json reads the first JSON value and
+    # ignores what follows it, so content after the closing brace is checked here: an object
+    # must end the record, and "}{" (outside a string) means a second value follows.
+    reason = (F.when(F.col("raw").isNull() | F.col("raw").rlike(r"^\s*$"), "empty_record")
+              .when(~F.is_valid_utf8("raw"), "invalid_utf8")
+              .when(F.col("j").isNull() | ~text.rlike(r"\}\s*$"), "malformed_json")
+              .when(text.rlike(r"\}\s*\{") & (F.coalesce(F.json_array_length(
+                  F.concat(F.lit("["), text, F.lit("]"))), F.lit(0)) != 1), "malformed_json")
+              .when(F.col(f"j.{CORRUPT}").isNotNull(), _shape_reason(text, profile)))
     if profile.explode_path:
         elements = _at(F.col("j"), profile.explode_path)
-        candidates.append(_reason(F.col("j").isNotNull() & F.col(f"j.{CORRUPT}").isNull()
-                                  & (elements.isNull() | (F.size(elements) == 0)),
-                                  f"missing_{_elements_name(profile)}"))
-    return df.withColumn("reasons", _reasons(*candidates)).withColumn("parsed", F.size("reasons") == 0)
+        reason = reason.when(elements.isNull() | (F.size(elements) == 0),
+                             f"missing_{_elements_name(profile)}")
+    return df.withColumn("reasons", _reasons(reason)).withColumn("parsed", F.size("reasons") == 0)
+
+
+def _element_singular(profile: Profile) -> str:
+    # nest: index camera_index -> "camera"; a profile without "_index" keeps the index name.
+    return profile.index[:-len("_index")] if profile.index.endswith("_index") else profile.index
+
+
+def _explodes_map(profile: Profile) -> bool:
+    dtype = raw_schema(profile)
+    for part in profile.explode_path or ():
+        dtype = dtype[part].dataType
+    return isinstance(dtype, MapType)
+
+
+def _shape_reason(text: Column, profile: Profile) -> Column:
+    """Why valid JSON did not fit the profile's schema: the first container on the explode path,
+    element, or field parent (nest: devices, cameras, camera, last_event) that is not an object,
+    as wrong_type:<name>; else malformed_json. Each level is read as text (Spark keeps any JSON
+    value as its text in a string field); evaluated only for the records the schema rejected."""
+    def not_object(c: Column) -> Column:
+        return c.isNotNull() & ~F.ltrim(c).startswith("{")
+
+    def child(c: Column, name: str) -> Column:
+        return F.from_json(c, StructType([StructField(name, StringType())]))[name]
+
+    checks = []
+    level = text
+    path = profile.explode_path or ()
+    for i, part in enumerate(path):
+        level = child(level, part)
+        if i < len(path) - 1 or _explodes_map(profile):
+            checks.append((not_object(level), f"wrong_type:{part}"))
+        else:
+            checks.append((level.isNotNull() & ~F.ltrim(level).startswith("["), f"wrong_type:{part}"))
+    if path:
+        each = (F.map_values(F.from_json(level, MapType(StringType(), StringType())))
+                if _explodes_map(profile) else F.from_json(level, ArrayType(StringType())))
+        checks.append((F.exists(each, not_object), f"wrong_type:{_element_singular(profile)}"))
+    else:
+        each = F.array(text)
+    parents = list(dict.fromkeys(f.path[:k] for f in profile.fields for k in range(1, len(f.path))))
+    def walker(parent: tuple[str, ...]):
+        # One-argument lambda: Spark reads a second parameter as the element's index.
+        def walk(c: Column) -> Column:
+            for name in parent:
+                c = child(c, name)
+            return c
+        return walk
+
+    for parent in parents:
+        checks.append((F.exists(F.transform(each, walker(parent)), not_object),
+                       f"wrong_type:{'.'.join(parent)}"))
+    out = F.when(F.lit(False), F.lit(None))
+    for condition, code in checks:
+        out = out.when(condition, code)
+    return out.otherwise("malformed_json")
 
 
 def _typed(text: Column, field) -> Column:
@@ -171,24 +234,30 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
     outputs = [f for f in profile.fields if f.type != "present"]
     typed = exploded.select(
         "raw", *LINEAGE_COLUMNS, "parsed", "record_reasons", idx,
+        *(["_element_key"] if is_map else []),
         *[_typed(_at(el, f.path), f).alias(f.name) for f in outputs],
         *[_at(el, f.path).alias(f"_{f.name}_text") for f in profile.fields],
     )
     absent = [f for f in profile.fields if f.type == "present" and f.required]
     field_reasons = []
     for f in profile.fields:
-        if not f.required:
-            continue
         text = F.col(f"_{f.name}_text")
-        missing = text.isNull() | (F.trim(text) == "") if f.type == "string" else text.isNull()
-        # A field inside a required parent that is missing is not reported again.
-        for parent in absent:
-            if parent is not f and f.path[:len(parent.path)] == parent.path:
-                missing = missing & F.col(f"_{parent.name}_text").isNotNull()
-        field_reasons.append(_reason(missing, f"missing_field:{f.name}"))
+        if f.required:
+            missing = text.isNull() | (F.trim(text) == "") if f.type == "string" else text.isNull()
+            # A field inside a required parent that is missing is not reported again.
+            for parent in absent:
+                if parent is not f and f.path[:len(parent.path)] == parent.path:
+                    missing = missing & F.col(f"_{parent.name}_text").isNotNull()
+            field_reasons.append(_reason(missing, f"missing_field:{f.name}"))
         if f.type in ("boolean", "long", "double", "timestamp"):
+            # Optional fields too: a value that is there but unreadable is not the same as absent.
             bad = "bad_timestamp" if f.type == "timestamp" else "wrong_type"
             field_reasons.append(_reason(text.isNotNull() & F.col(f.name).isNull(), f"{bad}:{f.name}"))
+        if f.name == profile.key_field and is_map:
+            # The map key names the element (nest: cameras keyed by device id); a record whose
+            # key and field disagree is ambiguous about which device it describes.
+            field_reasons.append(_reason((F.trim(text) != "") & (F.col("_element_key") != F.col(f.name)),
+                                         f"{f.name}_mismatch"))
     t = profile.event_time
     earliest = F.lit(min_event_time)
     latest = F.col("bronze_ingest_time") + F.make_dt_interval(secs=F.lit(max_future_seconds))

@@ -434,7 +434,8 @@ def test_generated_data_end_to_end(spark, cfg, env, tmp_path, monkeypatch):
                .groupBy("reason").count().withColumnRenamed("count", "n").collect()}
     k = m["malformed_kinds"]
     assert reasons == {key: value for key, value in {
-        "malformed_json": k["very_long"] + k["truncated"] + k["non_utf8"],
+        "malformed_json": k["very_long"] + k["truncated"],
+        "invalid_utf8": k["non_utf8"],
         "empty_record": k["empty_line"],
         "wrong_type:has_person": k["bad_type_person"],
         "bad_timestamp:start_time": k["bad_type_time"],

@@ -191,7 +191,7 @@ REASON_CASES = [
 ]
 
 
-RECORD_LEVEL = ("empty_record", "malformed_json", "missing_cameras")
+RECORD_LEVEL = ("empty_record", "invalid_utf8", "malformed_json", "missing_cameras")
 
 
 def test_every_reason_code_one_case_per_line(spark, silver_conf):
@@ -211,7 +211,7 @@ def test_every_reason_code_one_case_per_line(spark, silver_conf):
         assert (r.event_id is None) is record_level, case
 
 
-def test_non_utf8_bytes_are_malformed_json(spark, silver_conf):
+def test_non_utf8_bytes_are_quarantined_as_invalid_utf8(spark, silver_conf):
     # Bronze keeps the bytes as they arrived, so raw may hold invalid UTF-8 (as the file source
     # writes it: a binary -> string cast, no decoding).
     good = record(camera())
@@ -221,7 +221,7 @@ def test_non_utf8_bytes_are_malformed_json(spark, silver_conf):
                                         F.unhex(F.lit(garbage.hex())).cast("string"))
                           .otherwise(F.col("raw"))))
     assert bytes(bronze.where("line_number = 2").selectExpr("CAST(raw AS BINARY)").first()[0]) == garbage
-    assert reasons_by_line(parse(spark, silver_conf, bronze)) == {1: [], 2: ["malformed_json"]}
+    assert reasons_by_line(parse(spark, silver_conf, bronze)) == {1: [], 2: ["invalid_utf8"]}
 
 
 def test_time_range_edges_are_accepted(spark, silver_conf):

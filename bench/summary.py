@@ -1,0 +1,130 @@
+"""The benchmark's targets, its table (text and Markdown) and the one-line summary."""
+from __future__ import annotations
+
+TARGETS = {
+    "end_to_end": "end-to-end >= 0.5x ceiling",
+    "incremental": "incremental <= 0.1x full recompute",
+    "latency": "p95 <= 5 s",
+    "state": "gold state rows flat",
+    "quality": "quality <= 15% of silver batch time",
+}
+
+
+def verdicts(r: dict) -> dict[str, bool | None]:
+    """met (True), missed (False) or not measured (None) for each target."""
+    def get(*keys):
+        v = r
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        return v
+
+    ratio = get("throughput", "end_to_end_vs_ceiling")
+    inc = get("incremental", "ratio_wall")
+    p95 = get("latency", "zip_hourly_sightings", "p95_s")
+    flat = get("state", "flat")
+    share = get("quality", "silver_share")
+    return {"end_to_end": None if ratio is None else ratio >= 0.5,
+            "incremental": None if inc is None else inc <= 0.1,
+            "latency": None if p95 is None else p95 <= 5.0,
+            "state": flat,
+            "quality": None if share is None else share <= 0.15}
+
+
+def _mark(v: bool | None) -> str:
+    return "not measured" if v is None else ("met" if v else "MISSED")
+
+
+def _n(x, digits=0) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def rows(r: dict) -> list[tuple[str, str, str]]:
+    """(figure, value, target verdict) rows for the table."""
+    v = verdicts(r)
+    out = []
+    c = r.get("ceiling")
+    if c:
+        out.append(("(a) engine ceiling: raw files -> explode -> noop",
+                     f"{_n(c['events_per_s'])} events/s ({c['seconds']} s)", "reference"))
+    t = r.get("throughput")
+    if t:
+        for layer in ("bronze", "silver", "gold"):
+            L = t["layers"][layer]
+            out.append((f"(b) {layer}", f"{_n(L['events_per_s_wall'])} events/s wall ({L['wall_s']} s), "
+                        f"{_n(L['events_per_s_processing'])} events/s processing ({L['processing_s']} s)", ""))
+        out.append(("(b) end-to-end `make run-all`",
+                    f"{_n(t['end_to_end_events_per_s'])} events/s ({t['end_to_end_s']} s) = "
+                    f"{t['end_to_end_vs_ceiling']}x ceiling" if t.get("end_to_end_vs_ceiling") is not None
+                    else f"{_n(t['end_to_end_events_per_s'])} events/s ({t['end_to_end_s']} s)",
+                    f"{TARGETS['end_to_end']}: {_mark(v['end_to_end'])}"))
+    i = r.get("incremental")
+    if i:
+        out.append(("(c) incremental run after +1% data vs batch recompute",
+                    f"{i['incremental_wall_s']} s vs {i['recompute_wall_s']} s = {i['ratio_wall']}x "
+                    f"(processing only: {i['incremental_processing_s']} s vs {i['recompute_processing_s']} s "
+                    f"= {i['ratio_processing']}x)",
+                    f"{TARGETS['incremental']}: {_mark(v['incremental'])}"))
+    lat = r.get("latency")
+    if lat:
+        z, m = lat["zip_hourly_sightings"], lat["max_over_gold"]
+        out.append((f"(d) landing -> gold.zip_hourly_sightings at {_n(lat['rate_events_per_s'])} events/s",
+                    f"p50 {z['p50_s']} s, p95 {z['p95_s']} s ({z['visible']}/{z['files']} files visible"
+                    f"{'; the rest counted as waiting until the end, so lower bounds' if z['censored'] else ''}); "
+                    f"max over gold tables: p50 {m['p50_s']} s, p95 {m['p95_s']} s",
+                    f"{TARGETS['latency']}: {_mark(v['latency'])}"))
+    s = r.get("state")
+    if s:
+        out.append((f"(e) gold state rows over {s['event_time_span_h']} h of event time "
+                    f"({s['watermark_multiple']}x the gold watermark)",
+                    f"first {_n(s['first'])}, peak {_n(s['peak'])}, last {_n(s['last'])}; "
+                    f"samples {', '.join(_n(x) for x in s['samples'])}; gold's watermark advanced "
+                    f"{s['watermark_advanced_h']} h",
+                    f"{TARGETS['state']}: {_mark(v['state'])}"))
+    q = r.get("quality")
+    if q:
+        out.append(("(f) quality gate share of silver batch time",
+                    f"{q['silver_share']:.1%} ({q['silver_quality_s']} s of {q['silver_batch_s']} s)",
+                    f"{TARGETS['quality']}: {_mark(v['quality'])}"))
+    return out
+
+
+def text_table(r: dict) -> str:
+    body = rows(r)
+    w = max((len(a) for a, _, _ in body), default=10)
+    return "\n".join(f"{a:<{w}}  {b}" + (f"  [{c}]" if c else "") for a, b, c in body)
+
+
+def markdown(r: dict) -> str:
+    head = (f"# Benchmark, N = {r['events']:,} events\n\n"
+            f"Started {r['started']}, {r['cores']} cores, load average at start {r.get('load_at_start')}.\n\n"
+            "| figure | value | target |\n|---|---|---|\n")
+    errors = "".join(f"\n- {k} failed: {v}" for k, v in (r.get("errors") or {}).items())
+    return (head + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows(r))
+            + (f"\n\nErrors:{errors}" if errors else "") + "\n\n" + summary_line(r) + "\n")
+
+
+def summary_line(r: dict) -> str:
+    v = verdicts(r)
+    parts = []
+    c, t = r.get("ceiling"), r.get("throughput")
+    parts.append(f"ceiling {_n(c['events_per_s'])} ev/s" if c else "ceiling -")
+    parts.append(f"end-to-end {_n(t['end_to_end_events_per_s'])} ev/s = {t.get('end_to_end_vs_ceiling')}x "
+                 f"ceiling ({_mark(v['end_to_end'])})" if t else "end-to-end -")
+    i = r.get("incremental")
+    parts.append(f"incremental {i['ratio_wall']}x recompute ({_mark(v['incremental'])})" if i else "incremental -")
+    lat = r.get("latency")
+    if lat:
+        z = lat["zip_hourly_sightings"]
+        parts.append(f"latency p50 {z['p50_s']} s p95 {z['p95_s']} s at {_n(lat['rate_events_per_s'])} ev/s "
+                     f"({_mark(v['latency'])})")
+    else:
+        parts.append("latency -")
+    s = r.get("state")
+    shape = {True: "flat", False: "growing", None: "too little event time processed"}[s["flat"]] if s else ""
+    parts.append(f"gold state {_n(s['first'])}/{_n(s['peak'])}/{_n(s['last'])} first/peak/last "
+                 f"{shape} ({_mark(v['state'])})" if s else "state -")
+    q = r.get("quality")
+    parts.append(f"quality {q['silver_share']:.1%} of silver ({_mark(v['quality'])})" if q else "quality -")
+    return f"SUMMARY N={r['events']:,}: " + " | ".join(parts)

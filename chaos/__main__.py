@@ -1,0 +1,129 @@
+"""make chaos: kill -9 bronze, silver and gold at random points while data arrives, then prove
+nothing was lost or duplicated.
+
+    python -m chaos [--kills 10] [--seed N] [--root DIR] [--report FILE]
+
+The three jobs run as separate processes on processing-time triggers while landing files keep
+arriving in waves. On a schedule drawn from --seed (printed first), one job's whole process tree
+(the Python driver and its JVM) is killed with SIGKILL and restarted at once. After the last
+kill: available-now bronze, silver and gold drain what is left, `python -m audit --json` runs in
+its own process, and every generated line and event is looked for in bronze and silver. Exit 0
+when every check passes, 1 when one fails, 2 on a usage or setup error. The lakehouse is left
+under --root (default: a new temporary folder) with each job run's log beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+from common.config import ConfigError, load_config
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def main(argv=None) -> int:
+    from chaos.run import Settings
+
+    d = Settings()
+    parser = argparse.ArgumentParser(prog="chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=_positive, default=d.kills, help=f"kill -9 count (default {d.kills})")
+    parser.add_argument("--seed", type=int, help="seed of the schedule and the data (default: random, printed)")
+    parser.add_argument("--root", type=Path, help="lakehouse root to create (default: a new temp folder); "
+                                                  "must not exist or be empty")
+    parser.add_argument("--events-per-wave", type=_positive, default=d.events_per_wave,
+                        help=f"camera events per landing wave (default {d.events_per_wave})")
+    parser.add_argument("--feed-every", type=float, default=d.feed_every_s,
+                        help=f"seconds between landing waves (default {d.feed_every_s:g})")
+    parser.add_argument("--report", type=Path, help="also write the summary as JSON to this file")
+    args = parser.parse_args(argv)
+
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    root = (args.root or Path(tempfile.mkdtemp(prefix="chaos-")) / "lakehouse").resolve()
+    if root.exists() and any(root.iterdir()):
+        print(f"error: {root} is not empty; chaos needs a fresh lakehouse root", file=sys.stderr)
+        return 2
+    s = Settings(kills=args.kills, seed=seed, events_per_wave=args.events_per_wave,
+                 feed_every_s=args.feed_every)
+    from chaos.run import job_env
+
+    env = job_env(root, s)
+    try:
+        cfg = load_config(env=env)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary = run(cfg, root, s, env)
+    text = json.dumps(summary, indent=2, default=str)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(text + "\n")
+    _print_summary(summary)
+    return 0 if summary["ok"] else 1
+
+
+def run(cfg, root: Path, s, env: dict) -> dict:
+    from chaos.checks import verify
+    from chaos.feed import Feeder
+    from chaos.run import Session, run_audit
+
+    print(f"chaos: lakehouse {root}", flush=True)
+    feeder = Feeder(cfg, s.seed, s.events_per_wave, s.files_per_wave, s.wave_span_s)
+    try:
+        outcome = Session(cfg, root, s, feeder, say=lambda m: print(m, flush=True)).run()
+    except RuntimeError as e:   # a job that never got going: nothing to audit
+        print(f"chaos: {e}", file=sys.stderr)
+        return {"seed": s.seed, "root": str(root), "kills": [], "kills_by_layer": {}, "ok": False,
+                "unexpected_exits": [], "drain_exit": None, "waves": feeder.expected.waves,
+                "chaos_seconds": None, "checks": [{"name": "kill phase", "ok": False, "detail": str(e)}]}
+    summary = {"seed": s.seed, "root": str(root), "kills": [k.as_dict() for k in outcome.kills],
+               "kills_by_layer": {l: sum(k.layer == l for k in outcome.kills) for l in ("bronze", "silver", "gold")},
+               "unexpected_exits": outcome.unexpected_exits, "drain_exit": outcome.drain_code,
+               "drain_log": outcome.drain_log, "waves": feeder.expected.waves,
+               "chaos_seconds": outcome.seconds}
+    if outcome.drain_code != 0:
+        summary.update(ok=False, checks=[{"name": "drain", "ok": False,
+                                          "detail": f"exit {outcome.drain_code}; see {outcome.drain_log}"}])
+        return summary
+    print("chaos: audit (python -m audit --json)", flush=True)
+    code, report, err = run_audit(root, env)
+    if report is None:
+        print(err, file=sys.stderr)
+    from audit.tables import spark_session
+
+    with spark_session(cfg, app="chaos-checks") as spark:
+        checks = verify(spark, cfg, feeder.expected, code, report)
+    summary.update(checks=[c.as_dict() for c in checks.items], figures=checks.figures,
+                   audit_exit=code, audit_seconds=(report or {}).get("seconds"),
+                   audit_failures=(report or {}).get("failures"),
+                   ok=checks.ok and not outcome.unexpected_exits)
+    return summary
+
+
+def _print_summary(s: dict) -> None:
+    print(f"\nchaos summary (seed {s['seed']}, rerun with --seed {s['seed']})")
+    print(f"  kills: {len(s['kills'])} {s['kills_by_layer']}, {s['waves']} landing waves, "
+          f"{s['chaos_seconds']} s until drained")
+    for msg in s["unexpected_exits"]:
+        print(f"  UNEXPECTED EXIT: {msg}")
+    for k, v in (s.get("figures") or {}).items():
+        print(f"  {k}: {v}")
+    for c in s.get("checks", []):
+        print(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}")
+    print("chaos: OK" if s["ok"] else "chaos: FAILED")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The chaos session: three job processes on processing-time triggers, data arriving in waves,
+kill -9 of a whole job process tree (Python driver and its JVM) on a seeded schedule, an
+immediate restart each time, then a drain (available-now bronze, silver, gold) and the audit.
+
+The schedule is drawn up front from the seed and printed, so a failing run can be repeated: the
+same seed gives the same kill order, delays and data (when each kill lands inside a batch still
+depends on the machine's speed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from random import Random
+
+from common.cluster import descendants, kill_tree
+
+LAYERS = ("bronze", "silver", "gold")
+NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
+# Short-lived JVMs on 2 cores: the C2 JIT costs more CPU than it saves (as in tests/test_cluster.py).
+# C1 alone reserves only a 48 MB code cache, which a long gold run fills (then the JIT turns
+# itself off and everything runs interpreted): give it room.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+
+
+@dataclass
+class Kill:
+    layer: str
+    after_s: float          # seconds after the moment `since` names
+    since: str              # "start": the process started (start-up, recovery); "query": its query
+                            # began (mostly inside the first batch); "batch": it completed `batches`
+    batches: int = 0
+    at_s: float = 0.0       # when it happened, since the session began
+    pid: int = 0
+    tree: int = 0           # processes killed (driver + JVM + anything they forked)
+    job_state: str = ""     # what the job had printed last, for the report
+
+    def as_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+@dataclass
+class Settings:
+    kills: int = 10
+    seed: int = 1
+    events_per_wave: int = 100
+    files_per_wave: int = 2
+    feed_every_s: float = 8.0
+    wave_span_s: float = 20 * 60          # event time per wave: watermarks keep moving
+    # Where kills land: a share during start-up (JVM, table creation, checkpoint recovery), a
+    # share soon after the query began (its first batch), the rest once the job has committed
+    # one or two batches since it started (so later batches die too, whatever the machine's speed).
+    startup_share: float = 0.2
+    query_share: float = 0.3
+    startup_after_s: tuple = (1.0, 15.0)
+    query_after_s: tuple = (0.0, 15.0)
+    batch_after_s: tuple = (0.0, 8.0)
+    interval: str = "3 seconds"           # every layer's processing-time trigger
+    driver_memory: str = "1g"
+    drain_timeout_s: float = 600.0
+    max_kill_phase_s: float = 1200.0      # give up (a job that never gets going) after this long
+
+
+def schedule(s: Settings) -> dict[str, list[Kill]]:
+    """Each layer's kills, in order: the three layers share the kills about equally and each is
+    killed on its own timeline (so the jobs die independently, also at the same time)."""
+    rng = Random(s.seed)
+    layers = [LAYERS[i % 3] for i in range(s.kills)]
+    rng.shuffle(layers)
+    plan: dict[str, list[Kill]] = {layer: [] for layer in LAYERS}
+    for layer in layers:
+        r = rng.random()
+        since = "start" if r < s.startup_share else "query" if r < s.startup_share + s.query_share else "batch"
+        window = {"start": s.startup_after_s, "query": s.query_after_s, "batch": s.batch_after_s}[since]
+        batches = rng.randint(1, 2) if since == "batch" else 0
+        plan[layer].append(Kill(layer, round(rng.uniform(*window), 1), since, batches))
+    return plan
+
+
+def _moment(kill: Kill) -> str:
+    return {"start": "start", "query": "query start"}.get(kill.since, f"batch line {kill.batches}")
+
+
+def job_env(root: Path, s: Settings, base: dict | None = None) -> dict:
+    env = dict(base if base is not None else os.environ)
+    for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE"):
+        env.pop(var, None)
+    env.update(LAKEHOUSE_ROOT=str(root), TRIGGER="processing-time", TRIGGER_INTERVAL=s.interval,
+               SPARK_LOCAL_IP="127.0.0.1",
+               LAKEHOUSE__SPARK__DRIVER_MEMORY=s.driver_memory,
+               JAVA_TOOL_OPTIONS=f"{env.get('JAVA_TOOL_OPTIONS', '')} {QUICK_JVM}".strip())
+    return env
+
+
+@dataclass
+class Job:
+    layer: str
+    proc: subprocess.Popen
+    log: Path
+    started: float
+    query_started: float | None = None
+    batch_seen: dict = field(default_factory=dict)   # batches printed -> when first seen
+
+    def poll(self) -> None:
+        """Note when the job printed that its query runs ("<layer>: <source> -> <sink>") and when
+        each of its batch lines ("<query>  batch <n>  ...") appeared."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return
+        if self.query_started is None and any(l.startswith(f"{self.layer}: ") and " -> " in l for l in lines):
+            self.query_started = time.monotonic()
+        n = sum(1 for l in lines if re.match(r"^\S+\s+batch \d+ ", l))
+        for i in range(1, n + 1):
+            self.batch_seen.setdefault(i, time.monotonic())
+
+    def reference(self, kill) -> float | None:
+        """The moment kill.after_s counts from, once it has happened."""
+        if kill.since == "start":
+            return self.started
+        self.poll()
+        return self.query_started if kill.since == "query" else self.batch_seen.get(kill.batches)
+
+    def last_line(self) -> str:
+        try:
+            # Spark's warnings say little about where the job was; its own lines do.
+            lines = [l for l in self.log.read_text(errors="replace").splitlines()
+                     if l.strip() and not l.startswith(("\t", " ")) and " WARN " not in l
+                     and not l.startswith(("WARNING", "Picked up", "Using Spark", "Setting default",
+                                           "To adjust"))]
+        except FileNotFoundError:
+            return ""
+        return lines[-1][:160] if lines else "(start-up, nothing of its own printed yet)"
+
+
+@dataclass
+class Outcome:
+    kills: list[Kill] = field(default_factory=list)
+    unexpected_exits: list[str] = field(default_factory=list)
+    drain_code: int | None = None
+    drain_log: str = ""
+    seconds: float = 0.0
+
+
+class Session:
+    def __init__(self, cfg, root: Path, s: Settings, feeder, say=print):
+        self.cfg, self.root, self.s, self.feeder, self.say = cfg, root, s, feeder, say
+        self.env = job_env(root, s)
+        self.logs = root.parent / f"{root.name}-chaos-logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.jobs: dict[str, Job] = {}
+        self.runs = dict.fromkeys(LAYERS, 0)
+        self.outcome = Outcome()
+        self.t0 = time.monotonic()
+        self.next_feed = self.t0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _spawn(self, layer: str) -> None:
+        self.runs[layer] += 1
+        log = self.logs / f"{layer}-{self.runs[layer]:02d}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", f"{layer}.job"], env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.jobs[layer] = Job(layer, proc, log, time.monotonic())
+
+    def _ready(self, layer: str) -> bool:
+        need = NEEDS.get(layer)
+        return need is None or (Path(self.cfg.table_path(*need)) / "_delta_log").is_dir()
+
+    def _tick(self) -> None:
+        """Feed a wave when due; start layers whose input exists; restart any job that died."""
+        if time.monotonic() >= self.next_feed and self.feeding:
+            n = self.feeder.wave()
+            self.next_feed += self.s.feed_every_s
+            self.say(f"[{self.now():6.1f}s] wave {self.feeder.expected.waves}: {n} records")
+        for layer in LAYERS:
+            job = self.jobs.get(layer)
+            if job is None:
+                if self._ready(layer):
+                    self._spawn(layer)
+                continue
+            if job.proc.poll() is not None:
+                msg = (f"{layer} run {self.runs[layer]} exited on its own with code {job.proc.returncode}: "
+                       f"{job.last_line()} (log {job.log})")
+                self.say(f"[{self.now():6.1f}s] UNEXPECTED: {msg}")
+                self.outcome.unexpected_exits.append(msg)
+                self._spawn(layer)
+
+    def _due(self, kill: Kill) -> float | None:
+        """When `kill` should happen (monotonic time), or None while its reference moment is unknown."""
+        job = self.jobs.get(kill.layer)
+        if job is None:
+            return None
+        ref = job.reference(kill)
+        return None if ref is None else ref + kill.after_s
+
+    def _kill(self, kill: Kill, total: int) -> None:
+        job = self.jobs[kill.layer]
+        kill.pid, kill.job_state = job.proc.pid, job.last_line()
+        kill.tree = 1 + len(descendants(job.proc.pid))
+        kill_tree(job.proc)
+        left = descendants(job.proc.pid)
+        if left:
+            raise RuntimeError(f"kill_tree left {left} alive")
+        kill.at_s = round(self.now(), 1)
+        self.outcome.kills.append(kill)
+        self.say(f"[{kill.at_s:6.1f}s] kill {len(self.outcome.kills)}/{total}: {kill.layer} pid {kill.pid} "
+                 f"({kill.tree} processes), {kill.after_s}s after {_moment(kill)}; last output: "
+                 f"{kill.job_state}")
+        self._spawn(kill.layer)
+
+    def run(self) -> Outcome:
+        plan = schedule(self.s)
+        total = sum(len(v) for v in plan.values())
+        self.say(f"chaos: seed {self.s.seed}, {total} kills planned: " + "; ".join(
+                     f"{layer} " + ", ".join(f"{k.after_s}s after {_moment(k)}" for k in kills)
+                     for layer, kills in plan.items()))
+        self.feeding = True
+        give_up = time.monotonic() + self.s.max_kill_phase_s
+        try:
+            while any(plan.values()):
+                self._tick()
+                for layer, kills in plan.items():
+                    due = self._due(kills[0]) if kills else None
+                    if due is not None and time.monotonic() >= due:
+                        self._kill(kills.pop(0), total)
+                if time.monotonic() > give_up:
+                    raise RuntimeError(f"kills still pending after {self.now():.0f}s: {plan}; see {self.logs}")
+                time.sleep(0.2)
+            self.feeding = False
+        finally:
+            for job in self.jobs.values():
+                if job.proc.poll() is None:
+                    kill_tree(job.proc)
+        self._drain()
+        self.outcome.seconds = round(self.now(), 1)
+        return self.outcome
+
+    def _drain(self) -> None:
+        """Everything that arrived, through every layer: available-now bronze, silver, gold."""
+        self.say(f"[{self.now():6.1f}s] drain: available-now bronze, silver, gold")
+        log = self.logs / "drain.log"
+        env = dict(self.env, TRIGGER="available-now")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "common.run_all"], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                self.outcome.drain_code = proc.wait(self.s.drain_timeout_s)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc)
+                self.outcome.drain_code = -9
+        self.outcome.drain_log = str(log)
+        self.say(f"[{self.now():6.1f}s] drain exit {self.outcome.drain_code}")
+
+
+def run_audit(root: Path, env: dict) -> tuple[int, dict | None, str]:
+    """`python -m audit --json` in its own process: (exit code, report, stderr tail)."""
+    env = dict(env, LAKEHOUSE_ROOT=str(root))
+    proc = subprocess.run([sys.executable, "-m", "audit", "--json"], env=env, capture_output=True, text=True)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        report = None
+    return proc.returncode, report, proc.stderr[-3000:]

@@ -1,0 +1,68 @@
+"""Crash and restart: `python -m chaos` kills bronze, silver and gold with kill -9 (the whole
+process tree, JVM included) at random points while landing files keep arriving, restarts each
+at once, drains with available-now runs and audits. Nothing may be lost or written twice.
+
+The seed is random per run and printed (the schedule too); CHAOS_SEED=<n> repeats a run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+KILLS = 10
+
+
+@pytest.mark.slow
+def test_kill_dash_nine_at_random_points_loses_and_duplicates_nothing(spark, env, tmp_path):
+    seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
+    print(f"\nchaos seed {seed} (CHAOS_SEED={seed} repeats it)")
+    root, report = tmp_path / "lakehouse", tmp_path / "chaos.json"
+    proc = subprocess.run([sys.executable, "-m", "chaos", "--kills", str(KILLS), "--seed", str(seed),
+                           "--root", str(root), "--report", str(report)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    print(proc.stdout[-8000:])
+    assert report.exists(), f"chaos wrote no report (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    summary = json.loads(report.read_text())
+
+    assert len(summary["kills"]) >= KILLS, summary["kills"]
+    assert all(n >= KILLS // 3 for n in summary["kills_by_layer"].values()), summary["kills_by_layer"]
+    assert all(k["tree"] >= 2 for k in summary["kills"] if k["since"] != "start"), \
+        "a job whose query ran was killed without its JVM"
+    assert summary["unexpected_exits"] == [], "a restarted job failed by itself"
+    assert summary["drain_exit"] == 0, f"drain failed; see {summary['drain_log']}"
+    failed = [c for c in summary["checks"] if not c["ok"]]
+    books = ("audit passes", "audit accounting", "ops.batch_accounting")
+    assert not [c for c in failed if not c["name"].startswith(books)], failed
+
+    # The same facts, read here with the test's own session rather than trusted from the report.
+    bronze = spark.read.format("delta").load(str(root / "bronze" / "events"))
+    assert bronze.count() == summary["figures"]["records_generated"]
+    assert bronze.groupBy("file_path", "line_number").count().where("count > 1").count() == 0
+    silver = spark.read.format("delta").load(str(root / "silver" / "camera_events"))
+    assert silver.count() == silver.select("event_id").distinct().count() > 0
+    figures = summary["figures"]
+    assert figures["silver_rows"] + figures["quarantined_events"] + figures["silver_late_dropped"] \
+        >= figures["events_generated"]
+    for table in ("zip_hourly_sightings", "device_activity", "device_sessions"):
+        assert spark.read.format("delta").load(str(root / "gold" / table)).count() > 0, table
+    names = [c["name"] for c in summary["checks"]]
+    assert "audit passes" in names and sum(n.startswith("audit accounting") for n in names) == 4, names
+
+    unbooked = figures["committed_batches_without_accounting_row"]
+    if failed and unbooked and all(f.startswith("accounting ") for f in summary["audit_failures"] or ["?"]):
+        # Known gap, not fixed yet: a job killed after a batch's checkpoint commit but before the
+        # driver appends that batch's ops.batch_accounting row loses the row (its duplicate and
+        # late-drop counts only live in the query's in-memory progress), so the accounting
+        # identity stays off by them. The data itself was checked exactly above.
+        pytest.xfail(f"kill -9 between checkpoint commit and accounting row lost rows {unbooked}: "
+                     f"{summary['audit_failures']}")
+    assert summary["audit_exit"] == 0, summary["audit_failures"]
+    assert not failed, failed
+    assert proc.returncode == 0, proc.stderr[-4000:]
