@@ -155,7 +155,9 @@ class Broker:
                                   "set kafka.port / KAFKA_PORT to a free one")
         props = self._write_config()
         if not (self.data_dir / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = "-"
+            while cluster_id.startswith("-"):  # the tool's argument parser reads "-x..." as an option
+                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
                                             "-c", str(props), "--ignore-formatted"),
                                  capture_output=True, text=True)
