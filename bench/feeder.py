@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bronze.generator import Params, _atomic_write, generate
+from bronze.generator import Params, atomic_write, generate
 
 
 class Feeder(threading.Thread):
@@ -43,7 +43,7 @@ class Feeder(threading.Thread):
             if self.stop_requested.wait(max(0.0, due - time.time())):
                 break
             name = f"part-bench-{i:05d}.jsonl"
-            _atomic_write(self.landing / name, chunk)
+            atomic_write(self.landing / name, chunk)
             self.landed[name] = time.time()
         self.finished_at = time.time()
 

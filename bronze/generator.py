@@ -180,7 +180,7 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
     return Batch(records, counts, kinds)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     # The leading dot hides the partial file from Spark's file source until the rename.
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
@@ -199,7 +199,7 @@ def write_files(records: list[Record], landing: Path, seed: int, n_files: int) -
         pos += len(chunk)
         # Only "\n" ends a line: the data holds no "\r", which Spark's text source would also split on.
         path = landing / f"part-{seed}-{i:04d}.jsonl"
-        _atomic_write(path, b"".join(r.value + b"\n" for r in chunk))
+        atomic_write(path, b"".join(r.value + b"\n" for r in chunk))
         paths.append(path)
     return paths
 
@@ -208,7 +208,7 @@ def write_locations(path: Path, devices: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = ["device_id,zip_code,city,state"]
     rows += [",".join((d, *LOCATIONS[i % len(LOCATIONS)])) for i, d in enumerate(known_ids(devices))]
-    _atomic_write(path, ("\n".join(rows) + "\n").encode())
+    atomic_write(path, ("\n".join(rows) + "\n").encode())
 
 
 def send_kafka(records: list[Record], kafka) -> str:

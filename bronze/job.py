@@ -97,8 +97,13 @@ def _kafka_replay_metrics_npe(error: StreamingQueryException) -> bool:
     metrics for the first batch after a restart when that batch is replayed from the offset log
     (a crash mid-batch): the latest offsets it reports against were never fetched. It fails
     after the replayed batch has committed, so starting the query again carries on normally."""
-    trace = f"{error}\n{getattr(error, '_stackTrace', '') or ''}"
+    trace = _trace(error)
     return "NullPointerException" in trace and "KafkaMicroBatchStream" in trace
+
+
+def _trace(error: StreamingQueryException) -> str:
+    """The message and the JVM stack trace: the Kafka cause is often only in the latter."""
+    return f"{error}\n{getattr(error, '_stackTrace', '') or ''}"
 
 
 # Kafka client errors of an unreachable broker: on the driver (offset fetch via the admin client)
@@ -109,7 +114,7 @@ _BROKER_DOWN = ("org.apache.kafka.common.errors.TimeoutException",
 
 
 def _broker_unreachable(error: StreamingQueryException) -> bool:
-    trace = f"{error}\n{getattr(error, '_stackTrace', '') or ''}"
+    trace = _trace(error)
     return any(name in trace for name in _BROKER_DOWN)
 
 

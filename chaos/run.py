@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
 
-from common.cluster import descendants, kill_tree
+from common.processes import descendants, kill_tree, with_jvm_options
 
 LAYERS = ("bronze", "silver", "gold")
 NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
 # Short-lived JVMs on 2 cores: the C2 JIT costs more CPU than it saves (as in tests/test_cluster.py).
 # C1 alone reserves only a 48 MB code cache, which a long gold run fills (then the JIT turns
 # itself off and everything runs interpreted): give it room.
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 
 
 @dataclass
@@ -92,9 +91,8 @@ def job_env(root: Path, s: Settings, base: dict | None = None) -> dict:
         env.pop(var, None)
     env.update(LAKEHOUSE_ROOT=str(root), TRIGGER="processing-time", TRIGGER_INTERVAL=s.interval,
                SPARK_LOCAL_IP="127.0.0.1",
-               LAKEHOUSE__SPARK__DRIVER_MEMORY=s.driver_memory,
-               JAVA_TOOL_OPTIONS=f"{env.get('JAVA_TOOL_OPTIONS', '')} {QUICK_JVM}".strip())
-    return env
+               LAKEHOUSE__SPARK__DRIVER_MEMORY=s.driver_memory)
+    return with_jvm_options(env)
 
 
 @dataclass

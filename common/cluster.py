@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from common.kafka_broker import free_port
+from common.processes import process_table
 
 HOST = "127.0.0.1"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never send 127.0.0.1 via a proxy
@@ -132,7 +133,7 @@ class StandaloneCluster:
     def alive_pids(self) -> list[int]:
         """Every process still in one of the daemons' process groups (daemons and executors)."""
         groups = {p.pid for p in self.procs.values()}
-        return [pid for pid, _, pgrp, state in _procs() if pgrp in groups and state != "Z"]
+        return [pid for pid, _, pgrp, state in process_table() if pgrp in groups and state != "Z"]
 
     def _signal_groups(self, sig: int) -> None:
         for proc in self.procs.values():
@@ -161,57 +162,3 @@ class StandaloneCluster:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def _procs():
-    """(pid, ppid, pgrp, state) of every process, from /proc."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        yield int(entry.name), int(fields[1]), int(fields[2]), fields[0]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid (children, grandchildren...), whatever their session."""
-    children: dict[int, list[int]] = {}
-    for p, ppid, _, state in _procs():
-        if state != "Z":
-            children.setdefault(ppid, []).append(p)
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a process and all its descendants (run-all puts each job in its own session)."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-
-
-def processes_using(path: Path) -> list[str]:
-    """Live processes whose command line or working directory lies under path (leak check)."""
-    needle = str(Path(path).resolve())
-    found = []
-    for pid, _, _, state in _procs():
-        if pid == os.getpid() or state == "Z":
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if needle in cmd or cwd.startswith(needle):
-            found.append(f"{pid}: {cmd[:200]}")
-    return found

@@ -15,21 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from common.cluster import StandaloneCluster, kill_tree, processes_using
+from common.cluster import StandaloneCluster
+from common.processes import SHORT_LIVED_JVM, kill_tree, processes_using, with_jvm_options
 
 REPO = Path(__file__).resolve().parent.parent
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
 APPS = ("bronze", "silver", "gold")
 RUN_TIMEOUT = 600
-# Every JVM here is short-lived (one available-now run) on a 2-core machine: the C2 JIT costs more
-# CPU than it saves. C1 only roughly halves the cluster run; results are unaffected.
-QUICK_JVM = "-XX:TieredStopAtLevel=1"
-
-
 @pytest.fixture
 def cluster(tmp_path):
     c = StandaloneCluster(tmp_path / "spark-cluster", workers=2, worker_cores=1, worker_memory="1536m",
-                          java_options=QUICK_JVM)
+                          java_options=SHORT_LIVED_JVM)
     try:
         yield c.start(timeout=120)
     finally:
@@ -37,8 +33,9 @@ def cluster(tmp_path):
 
 
 def _start_pipeline(env: dict, root: Path, master: str) -> subprocess.Popen:
-    env = dict(env, LAKEHOUSE_ROOT=str(root), SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1",
-               JAVA_TOOL_OPTIONS=f"{env.get('JAVA_TOOL_OPTIONS', '')} {QUICK_JVM}".strip())
+    # Every JVM here is short-lived (one available-now run): C1 only roughly halves the run.
+    env = with_jvm_options(dict(env, LAKEHOUSE_ROOT=str(root), SPARK_MASTER=master,
+                                SPARK_LOCAL_IP="127.0.0.1"))
     gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "2000", "--seed", "5",
                           "--files", "4"], cwd=REPO, env=env, capture_output=True, text=True)
     assert gen.returncode == 0, gen.stderr

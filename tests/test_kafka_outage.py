@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from common.cluster import kill_tree
+from common.processes import kill_tree
 from common.config import load_config
 from common.kafka_broker import Broker, ensure_topic, free_port
 

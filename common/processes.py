@@ -1,0 +1,75 @@
+"""Process-tree helpers for the tests and tools that launch job processes (chaos, cluster, bench).
+
+Jobs run in their own sessions (run-all) and fork a JVM, so signalling one pid is not enough:
+these find and end every descendant, and check that nothing was left behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+# JVM flags for short-lived job processes on a small machine: C1 only (C2 costs more CPU than
+# it saves in a run of minutes), with a code cache large enough that C1 never fills it and
+# switches the JIT off mid-run.
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+
+
+def with_jvm_options(env: dict[str, str], options: str = SHORT_LIVED_JVM) -> dict[str, str]:
+    """env with options appended to JAVA_TOOL_OPTIONS (every JVM the process starts reads it)."""
+    return dict(env, JAVA_TOOL_OPTIONS=f"{env.get('JAVA_TOOL_OPTIONS', '')} {options}".strip())
+
+
+def process_table():
+    """(pid, ppid, pgrp, state) of every process, from /proc."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        yield int(entry.name), int(fields[1]), int(fields[2]), fields[0]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (children, grandchildren...), whatever their session."""
+    children: dict[int, list[int]] = {}
+    for p, ppid, _, state in process_table():
+        if state != "Z":
+            children.setdefault(ppid, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and all its descendants (run-all puts each job in its own session)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def processes_using(path: Path) -> list[str]:
+    """Live processes whose command line or working directory lies under path (leak check)."""
+    needle = str(Path(path).resolve())
+    found = []
+    for pid, _, _, state in process_table():
+        if pid == os.getpid() or state == "Z":
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if needle in cmd or cwd.startswith(needle):
+            found.append(f"{pid}: {cmd[:200]}")
+    return found
