@@ -61,7 +61,7 @@ def build(spark, cfg, versions: int) -> int:
     ensure_tables(spark, cfg)
     schema = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).schema
     silver_commit(spark, cfg, schema, 0)
-    (query, books), = start_gold(spark, cfg, only={"sightings"}, suites={})
+    query, = start_gold(spark, cfg, only={"sightings"}, suites={})
     gold = cfg.table_path("gold", "zip_hourly_sightings")
     step = 0
     try:
@@ -73,7 +73,6 @@ def build(spark, cfg, versions: int) -> int:
             silver_commit(spark, cfg, schema, step)
     finally:
         query.stop()
-        books(query)   # every batch is still in recentProgress (numRecentProgressUpdates)
     return step + 1
 
 

@@ -88,7 +88,7 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
             f"against {late} counted as dropped too late")
 
     # A batch committed to its checkpoint is never run again, so its ops.batch_accounting row
-    # (written by the driver after the commit) must already exist, or its drop counts are lost.
+    # (written inside the batch, before the commit) must exist, or its drop counts are lost.
     from gold.tables import TABLES as GOLD
 
     booked = {}

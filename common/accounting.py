@@ -1,23 +1,32 @@
-"""ops.batch_accounting: one row per micro-batch per layer.
+"""ops.batch_accounting: one row per micro-batch per layer, written before the batch commits.
 
 A row joins two views of the batch. foreachBatch knows what it wrote (events written or
-quarantined) and leaves those counts in `stash`; only the query's progress, available once the
-batch has committed, knows what Spark dropped before foreachBatch saw the rows (duplicates,
-rows behind the watermark) and what was observed upstream (records in). The driver thread
-writes the joined row as a Delta append keyed by (txnAppId, batch id), so it is written once.
-If the process dies between a batch's commit and its accounting row, the row is written on
-the next run from progress alone; foreachBatch's columns are then left NULL, never guessed.
+quarantined); the query's own execution knows what Spark dropped before foreachBatch saw the
+rows (duplicates, rows behind the watermark) and what was observed upstream (records in).
+Spark only publishes the latter in the query progress, after the batch has committed, so a
+process killed between the commit and that report would lose the batch's drops for good: the
+batch is never replayed. Instead foreachBatch reads the same metrics from the batch's executed
+plan once it has evaluated the batch, and appends the row keyed by (txnAppId, batch id) before
+returning. A replay of an uncommitted batch re-runs it with the same offsets and state, and
+Delta skips the second append.
 """
 from __future__ import annotations
 
 import json
-import threading
+import time
 from datetime import datetime, timezone
 
 from common.config import Config
 from common.delta import ensure_table, idempotent_append
 from common.lineage import batch_lineage, checkpoint_query_id
 from common.schemas import BATCH_ACCOUNTING
+
+_STATE_WRITER = "org.apache.spark.sql.execution.streaming.operators.stateful.StateStoreWriter"
+
+
+class AccountingError(RuntimeError):
+    """The running batch's execution could not be read; the batch fails instead of committing
+    without its accounting row."""
 
 
 def ensure_accounting(spark, cfg: Config) -> str:
@@ -44,33 +53,50 @@ def observed(progress: dict, name: str) -> dict:
     return seen.asDict() if hasattr(seen, "asDict") else dict(seen)
 
 
+def running_batch(spark, query_name: str, batch_id: int) -> dict:
+    """The running batch's metrics, shaped like its future progress report (stateOperators,
+    observedMetrics, durationMs.triggerExecution so far). Call it from foreachBatch after the
+    batch DataFrame has been evaluated in full: the metrics are Spark's own SQL metrics of the
+    batch's executed plan, the ones the progress report will be built from."""
+    found = [q for q in spark.streams.active if q.name == query_name]
+    if len(found) != 1:
+        raise AccountingError(f"{len(found)} active queries named {query_name!r}, expected 1")
+    context = found[0]._jsq.streamingQuery().getLatestExecutionContext()
+    if context.batchId() != batch_id:
+        raise AccountingError(f"{query_name}: execution context is batch {context.batchId()}, "
+                              f"foreachBatch got {batch_id}")
+    execution = context.executionPlan()
+    writer = spark._jvm.java.lang.Class.forName(_STATE_WRITER)
+    operators, pending = [], [execution.executedPlan()]
+    while pending:
+        node = pending.pop()
+        if writer.isInstance(node):
+            operators.append(json.loads(node.getProgress().json()))
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    metrics = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(execution.observedMetrics())
+    seen = {name: json.loads(metrics.get(name).json()) for name in metrics.keySet()}
+    elapsed = int(time.time() * 1000) - int(context.currentTriggerStartTimestamp())
+    return {"name": query_name, "batchId": batch_id, "stateOperators": operators,
+            "observedMetrics": seen, "durationMs": {"triggerExecution": elapsed}}
+
+
 class Accounting:
-    """Per-query accounting: foreachBatch calls `stash`, the driver loop calls the instance."""
+    """Per-query accounting; foreachBatch calls `record` as its last step."""
 
     def __init__(self, spark, cfg: Config, layer: str, checkpoint: str, from_progress,
                  upstream: str | None = None):
         self.spark, self.cfg, self.layer, self.upstream = spark, cfg, layer, upstream
         self.checkpoint, self.from_progress = checkpoint, from_progress
         self.path = ensure_accounting(spark, cfg)
-        self._stash: dict[int, dict] = {}
-        self._lock = threading.Lock()
-        self._recorded: set[int] = set()
 
-    def stash(self, batch_id: int, **counts) -> None:
-        with self._lock:
-            self._stash[batch_id] = counts
-
-    def __call__(self, query) -> None:
-        for p in executed_batches(query):
-            batch_id = p["batchId"]
-            if batch_id in self._recorded:
-                continue
-            with self._lock:
-                counts = self._stash.pop(batch_id, {})
-            counts.update(self.from_progress(p))
-            counts["batch_ms"] = int((p.get("durationMs") or {}).get("triggerExecution") or 0)
-            self._write(p["name"], batch_id, counts)
-            self._recorded.add(batch_id)
+    def record(self, query_name: str, batch_id: int, **written) -> None:
+        """Append the batch's row: `written` (foreachBatch's own counts) plus Spark's metrics.
+        batch_ms is the trigger up to this point; only the commit-log write comes after it."""
+        progress = running_batch(self.spark, query_name, batch_id)
+        counts = {**written, **self.from_progress(progress)}
+        counts["batch_ms"] = progress["durationMs"]["triggerExecution"]
+        self._write(query_name, batch_id, counts)
 
     def _write(self, query_name: str, batch_id: int, counts: dict) -> None:
         unknown = set(counts) - set(BATCH_ACCOUNTING.fieldNames())
@@ -86,10 +112,7 @@ class Accounting:
 
     def _lineage(self, query_name: str, batch_id: int) -> dict | None:
         """The batch's lineage (the accounting audit needs the upstream prefix of the last batch,
-        which may have written nothing else). None once offset retention has purged the batch."""
+        which may have written nothing else)."""
         if self.upstream is None:
             return None
-        try:
-            return batch_lineage(self.checkpoint, query_name, batch_id, self.upstream)
-        except FileNotFoundError:
-            return None
+        return batch_lineage(self.checkpoint, query_name, batch_id, self.upstream)

@@ -37,7 +37,7 @@ BATCH_ACCOUNTING = StructType([
     StructField("late_dropped", LongType(), True),
     StructField("rows_in", LongType(), True),
     StructField("rows_written", LongType(), True),
-    StructField("batch_ms", LongType(), True),        # the whole trigger, from query progress
+    StructField("batch_ms", LongType(), True),        # the trigger up to this row (all but its commit)
     StructField("quality_ms", LongType(), True),      # quality gate: validate + record dq_results
 ])
 

@@ -66,10 +66,9 @@ class GracefulStop:
         self.requested.set()
 
 
-def await_queries(queries, stop: GracefulStop, on_tick=None, poll: float = 0.5) -> None:
+def await_queries(queries, stop: GracefulStop, poll: float = 0.5) -> None:
     """Wait for every query to finish; on a stop request, stop each between micro-batches.
 
-    on_tick(query) runs on the driver thread after each wait, e.g. to record batch progress.
     Re-raises the first query failure (StreamingQueryException) after stopping the others.
     """
     try:
@@ -77,15 +76,11 @@ def await_queries(queries, stop: GracefulStop, on_tick=None, poll: float = 0.5) 
             for q in queries:
                 if q.isActive:
                     q.awaitTermination(poll / len(queries))
-                if on_tick:
-                    on_tick(q)
             if stop.requested.is_set():
                 for q in queries:
                     _stop_between_batches(q)
         for q in queries:
             q.awaitTermination()  # raises if the query failed
-            if on_tick:
-                on_tick(q)
     except BaseException:
         for q in queries:
             if q.isActive:

@@ -88,7 +88,7 @@ class GoldBatch:
                                   f"{app_id}-lineage", batch_id, lineage)
             if spec.publish and cfg.gold.stats_to_kafka and n:
                 publish_stats(cfg, spec, updates)
-            self.books.stash(batch_id, rows_written=n, quality_ms=quality_ms)
+            self.books.record(spec.query, batch_id, rows_written=n, quality_ms=quality_ms)
         finally:
             updates.unpersist()
 
@@ -101,12 +101,16 @@ def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
      .option("topic", cfg.kafka.topics.stats).save())
 
 
+INPUT_METRICS = "gold_input"
+
+
 def progress_counts(progress: dict) -> dict:
-    return {"rows_in": int(progress.get("numInputRows") or 0), **accounting.state_drops(progress)}
+    rows_in = int(accounting.observed(progress, INPUT_METRICS).get("rows_in") or 0)
+    return {"rows_in": rows_in, **accounting.state_drops(progress)}
 
 
 def start(spark, cfg, only=None, suites=None):
-    """Start the selected gold queries; returns [(query, accounting)]."""
+    """Start the selected gold queries; returns them (each batch records its own accounting row)."""
     silver_path = cfg.table_path("silver", cfg.silver_table)
     if not (Path(silver_path) / "_delta_log").is_dir():
         raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
@@ -130,7 +134,8 @@ def start(spark, cfg, only=None, suites=None):
             continue
         ensure_table(spark, cfg, "gold", spec.table, output_schema(spark, cfg, spec, silver_schema))
         silver = (spark.readStream.format("delta")
-                  .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path))
+                  .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path)
+                  .observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows_in")))
         events = T.on_time(silver, cfg.gold.watermark.spark() if cfg.gold.watermark else None)
         suite = suites.get(f"gold.{spec.table}")
         books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts,
@@ -142,7 +147,7 @@ def start(spark, cfg, only=None, suites=None):
                  .option("checkpointLocation", cfg.checkpoint(spec.query))
                  .trigger(**trigger(cfg, "gold"))
                  .start())
-        started.append((query, books))
+        started.append(query)
     return started
 
 
@@ -166,11 +171,10 @@ def main(argv=None) -> int:
     stop = GracefulStop()
     stop.install()
     def body(spark):
-        pairs = start(spark, cfg, only, suites)
-        books = {q.name: b for q, b in pairs}
+        queries = start(spark, cfg, only, suites)
         names = [f"gold.{t.table}" for t in tables if not only or t.key in only]
         print(f"gold: silver.{cfg.silver_table} -> {', '.join(names)} ({cfg.streaming.trigger})", flush=True)
-        await_queries([q for q, _ in pairs], stop, on_tick=lambda q: books[q.name](q))
+        await_queries(queries, stop)
         for name in names:
             n = spark.read.format("delta").load(cfg.table_path("gold", name.split(".")[1])).count()
             print(f"gold: {name} holds {n} rows", flush=True)

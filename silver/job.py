@@ -112,9 +112,9 @@ class SilverBatch:
                 idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id,
                                   lineage)
 
-            self.accounting.stash(batch_id, events_written=n_candidates - n_dq,
-                                  events_quarantined=n_event_rejects + n_dq,
-                                  rows_written=n_candidates - n_dq, quality_ms=quality_ms)
+            self.accounting.record(QUERY, batch_id, events_written=n_candidates - n_dq,
+                                   events_quarantined=n_event_rejects + n_dq,
+                                   rows_written=n_candidates - n_dq, quality_ms=quality_ms)
         finally:
             if candidates is not None:
                 candidates.unpersist()
@@ -139,12 +139,12 @@ def progress_counts(progress: dict) -> dict:
     counts = {k: int(seen.get(k) or 0)
               for k in ("records_parsed", "records_quarantined_unparsed", "events_parsed")}
     counts["records_in"] = counts["records_parsed"] + counts["records_quarantined_unparsed"]
-    counts["rows_in"] = int(progress.get("numInputRows") or 0)
+    counts["rows_in"] = counts["records_in"]      # silver reads one bronze row per record
     return {**counts, **accounting.state_drops(progress)}
 
 
 def start(spark, cfg, suite=None):
-    """Start the silver query; returns (query, accounting) - call accounting(query) to record."""
+    """Start the silver query (each batch records its own ops.batch_accounting row)."""
     bronze_path = cfg.table_path("bronze", "events")
     if not (Path(bronze_path) / "_delta_log").is_dir():
         raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
@@ -162,7 +162,7 @@ def start(spark, cfg, suite=None):
              .option("checkpointLocation", cfg.checkpoint(QUERY))
              .trigger(**trigger(cfg, "silver"))
              .start())
-    return query, books
+    return query
 
 
 def silver_suite(cfg):
@@ -187,10 +187,10 @@ def main(argv=None) -> int:
     stop = GracefulStop()
     stop.install()
     def body(spark):
-        query, books = start(spark, cfg, suite)
+        query = start(spark, cfg, suite)
         print(f"silver: bronze.events -> silver.{cfg.silver_table} ({cfg.streaming.trigger}, "
               f"profile {cfg.profile.name})", flush=True)
-        await_queries([query], stop, on_tick=books)
+        await_queries([query], stop)
         n = spark.read.format("delta").load(cfg.table_path("silver", cfg.silver_table)).count()
         print(f"silver: done; silver.{cfg.silver_table} holds {n} rows", flush=True)
 

@@ -72,13 +72,9 @@ def run_round(spark, cfg, n: int, lines: list[str]) -> None:
     tmp.write_text("\n".join(lines) + "\n")
     tmp.rename(landing / f"round-{n}.json")
     start_bronze(spark, cfg, "files").awaitTermination()
-    query, books = start_silver(spark, cfg)
-    query.awaitTermination()
-    books(query)
-    pairs = start_gold(spark, cfg, suites={})      # gold's quality gate is not what is audited here
-    for query, books in pairs:
+    start_silver(spark, cfg).awaitTermination()
+    for query in start_gold(spark, cfg, suites={}):  # gold's quality gate is not what is audited here
         query.awaitTermination()
-        books(query)
 
 
 def lakehouse_config(root: Path):

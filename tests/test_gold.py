@@ -105,7 +105,7 @@ NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def run_gold(spark, cfg, only=None, suites=None, no_data_batch=True) -> dict[str, list[dict]]:
-    """Start gold (available-now), wait for every query, record accounting.
+    """Start gold (available-now) and wait for every query (each batch records its accounting).
     Returns, per query name, the progress of the micro-batches this run executed.
 
     After its data batch, an available-now run also runs a no-data batch once the watermark
@@ -116,20 +116,19 @@ def run_gold(spark, cfg, only=None, suites=None, no_data_batch=True) -> dict[str
     previous = spark.conf.get(NO_DATA_BATCHES)
     spark.conf.set(NO_DATA_BATCHES, str(no_data_batch).lower())
     try:
-        pairs = start(spark, cfg, only=only, suites=suites)
+        queries = start(spark, cfg, only=only, suites=suites)
     finally:
         spark.conf.set(NO_DATA_BATCHES, previous)
     try:
-        for query, _ in pairs:
+        for query in queries:
             query.awaitTermination()
     finally:
-        for query, books in pairs:
+        for query in queries:
             if query.isActive:
                 query.stop()
-            books(query)
     from common.accounting import executed_batches
 
-    return {q.name: executed_batches(q) for q, _ in pairs}
+    return {q.name: executed_batches(q) for q in queries}
 
 
 def data_batch(progress: list[dict]) -> int:
@@ -403,10 +402,12 @@ def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
 
 
 class _Books:
+    """Stands in for the accounting: these batches are replayed by hand, outside any query."""
+
     def __init__(self):
         self.stashed = {}
 
-    def stash(self, batch_id, **counts):
+    def record(self, query_name, batch_id, **counts):
         self.stashed[batch_id] = counts
 
 

@@ -43,12 +43,9 @@ def run_pipeline(spark, cfg) -> None:
     from silver.job import start as start_silver
 
     start_bronze(spark, cfg, "files").awaitTermination()
-    query, books = start_silver(spark, cfg)
-    query.awaitTermination()
-    books(query)
-    for query, books in start_gold(spark, cfg):
+    start_silver(spark, cfg).awaitTermination()
+    for query in start_gold(spark, cfg):
         query.awaitTermination()
-        books(query)
 
 
 def forget(spark, cfg) -> None:

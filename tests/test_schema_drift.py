@@ -57,10 +57,10 @@ def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(sp
     write(live.landing, "before.jsonl", BEFORE)
 
     bronze_q = start_bronze(spark, live, "files")
-    silver_q, books = None, None
+    silver_q = None
     try:
         bronze_q.processAllAvailable()
-        silver_q, books = start_silver(spark, live)
+        silver_q = start_silver(spark, live)
         silver_q.processAllAvailable()
         first_batch = silver_q.lastProgress["batchId"]
 
@@ -72,7 +72,6 @@ def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(sp
         for q in (silver_q, bronze_q):
             if q is not None:
                 q.stop()
-    books(silver_q)
     assert silver_q.exception() is None and bronze_q.exception() is None
 
     read = lambda layer, name: spark.read.format("delta").load(live.table_path(layer, name))  # noqa: E731
@@ -99,9 +98,8 @@ def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(sp
 
     # Gold: the drifted events are counted like any other.
     gold_cfg = load_config(env={**env, "TRIGGER": "available-now"})
-    for query, gold_books in start_gold(spark, gold_cfg, only={"sightings", "activity"}):
+    for query in start_gold(spark, gold_cfg, only={"sightings", "activity"}):
         query.awaitTermination()
-        gold_books(query)
     sightings = {(r.zip_code, r.hour): r.sightings for r in read("gold", "zip_hourly_sightings")
                  .selectExpr("zip_code", "date_format(window_start, 'HH:mm') AS hour", "sightings").collect()}
     assert sightings == {("02108", "10:00"): 2, ("94105", "10:00"): 2}
