@@ -146,7 +146,7 @@ def late_events(silver_at_version: DataFrame, batches: list[Batch]) -> int:
 def expected_table(spec: GoldTable, cfg, events: DataFrame, watermark_ms: int) -> DataFrame:
     if spec.windowed:
         return T.with_finalized(spec.build(events, cfg), watermark_ms)
-    return S.replay_sessions(events, ARRIVAL, spec.gap_seconds(cfg), watermark_ms)
+    return S.replay_sessions(events, ARRIVAL, spec.session_spec(cfg), watermark_ms)
 
 
 def compare(expected: DataFrame, actual: DataFrame, check: VersionCheck) -> VersionCheck:

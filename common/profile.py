@@ -58,6 +58,8 @@ class Sessions:
     key: str
     table: str
     gap: str
+    measures: tuple[tuple[str, str], ...] = ()   # (output column, per-event integer SQL expression)
+    latest: tuple[str, ...] = ()                 # columns whose latest event's value a session keeps
 
 
 @dataclass(frozen=True)
@@ -266,14 +268,23 @@ def parse_profile(name: str, file: Path, raw: dict) -> Profile:
     sessions = None
     if raw.get("sessions") is not None:
         s = top.sub("sessions")
-        s.only("table", "key", "gap")
-        sessions = Sessions(s.name("key"), s.name("table"), s.get("gap"))
-        # The session builder (gold/sessions.py) sums person and motion events and keeps the
-        # latest location: a profile with sessions must provide those columns.
-        need = {"has_person", "has_motion", "zip_code", "unknown_device", sessions.key}
-        if sessions.key != "device_id" or not need <= columns:
-            s.fail("sessions currently need key device_id and the columns has_person, has_motion, "
-                   "zip_code and unknown_device (gold/sessions.py)")
+        s.only("table", "key", "gap", "measures", "latest")
+        measures = s.get("measures", {}, kind=dict)
+        latest = s.names("latest", ())
+        sessions = Sessions(s.name("key"), s.name("table"), s.get("gap"),
+                            tuple((str(k), str(v)) for k, v in measures.items()), latest)
+        if sessions.key not in columns:
+            s.fail(f"'{sessions.key}' is neither a field, a derived column nor a dimension column", "key")
+        for col in latest:
+            if col not in columns:
+                s.fail(f"'{col}' is neither a field, a derived column nor a dimension column", "latest")
+        reserved = {sessions.key, "session_id", "session_start", "session_end", "duration_seconds",
+                    "events", "status", *latest}
+        for m in measures:
+            if not _NAME.match(str(m)):
+                s.fail(f"{m!r} is not a column name", "measures")
+            if m in reserved:
+                s.fail(f"measure '{m}' clashes with a column every session row has", "measures")
     tables = [a.table for a in aggs] + ([sessions.table] if sessions else [])
     dupes = sorted({t for t in tables if tables.count(t) > 1})
     if dupes:

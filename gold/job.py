@@ -26,7 +26,6 @@ from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import DQ_RESULTS
 from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
                               await_queries, fail, run_job, trigger)
-from gold import sessions as S
 from gold import transform as T
 from gold.tables import GoldTable, for_config
 from gold.tables import TABLES  # noqa: F401  (nest's tables, for callers that import them here)
@@ -34,8 +33,9 @@ from gold.tables import TABLES  # noqa: F401  (nest's tables, for callers that i
 
 def output_schema(spark, cfg, spec: GoldTable, silver_schema):
     empty = spark.createDataFrame([], silver_schema)
-    out = spec.build(empty, cfg) if spec.windowed else spark.createDataFrame([], S.OUTPUT_SCHEMA)
-    return T.with_finalized(out, 0).schema if spec.windowed else out.schema
+    if not spec.windowed:
+        return spark.createDataFrame([], spec.session_spec(cfg).output_schema(silver_schema)).schema
+    return T.with_finalized(spec.build(empty, cfg), 0).schema
 
 
 def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
@@ -75,7 +75,7 @@ class GoldBatch:
             quality_ms = None
             if self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
-                _, quality_ms = check(self.gate, T.quality_view(spec.table, live), n, spark,
+                _, quality_ms = check(self.gate, T.quality_view(live, cfg.profile.dimension), n, spark,
                                       cfg.table_path("ops", "dq_results"), spec.query, batch_id, app_id,
                                       lineage)
             session = batch.sparkSession

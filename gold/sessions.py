@@ -1,83 +1,128 @@
-"""Per-device sessions with arbitrary stateful processing (applyInPandasWithState), the PySpark
+"""Sessions per key with arbitrary stateful processing (applyInPandasWithState), the PySpark
 counterpart of Scala's flatMapGroupsWithState, plus the same sessions computed in plain batch.
 
-A session is a run of one device's events whose gaps are at most `gap`. It closes when the
-watermark passes its last event + gap: any event that could still extend it would be late.
-Events may arrive out of order, so one device can hold several open sessions at once, and an
+The profile declares them (`sessions:` key, gap, measures, latest): a session is a run of one
+key's events whose gaps are at most `gap`; it counts its events, sums each measure (a per-event
+integer expression) and keeps the `latest` columns' values of its latest event. It closes when
+the watermark passes its last event + gap: any event that could still extend it would be late.
+Events may arrive out of order, so one key can hold several open sessions at once, and an
 event landing between two of them merges them. Each session keeps the id it was born with
-(device + first start seen); when two merge, the survivor keeps the smaller id and the other
-is emitted once with status 'merged' so the gold table deletes that row.
+(key + first start seen); when two merge, the survivor keeps the smaller id and the other is
+emitted once with status 'merged' so the gold table deletes that row.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Iterator
 
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-OUTPUT_SCHEMA = ("device_id STRING, session_id STRING, zip_code STRING, unknown_device BOOLEAN, "
-                 "session_start TIMESTAMP, session_end TIMESTAMP, duration_seconds DOUBLE, "
-                 "events LONG, person_events LONG, motion_events LONG, status STRING")
 STATE_SCHEMA = "sessions STRING"
-COLUMNS = [c.split()[0] for c in OUTPUT_SCHEMA.split(", ")]
-
 _MS = 1000
 
 
-def merge_events(sessions: list[dict], events: pd.DataFrame, gap_ms: int) -> tuple[list[dict], set[str]]:
+@dataclass(frozen=True)
+class SessionSpec:
+    key: str
+    gap_seconds: float
+    measures: tuple[tuple[str, str], ...] = ()   # (output column, per-event SQL expression)
+    latest: tuple[str, ...] = ()                 # columns carried from the latest event
+
+    @classmethod
+    def of(cls, sessions, gap_seconds: float) -> "SessionSpec":
+        """From a profile's `sessions` declaration (common.profile.Sessions)."""
+        return cls(sessions.key, gap_seconds, tuple(sessions.measures), tuple(sessions.latest))
+
+    @property
+    def gap_ms(self) -> int:
+        return int(self.gap_seconds * _MS)
+
+    @property
+    def sums(self) -> list[str]:
+        return [name for name, _ in self.measures]
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.key, "session_id", *self.latest, "session_start", "session_end",
+                "duration_seconds", "events", *self.sums, "status"]
+
+    def output_schema(self, events_schema) -> str:
+        """DDL of the session rows; key and latest columns keep their silver types."""
+        types = {f.name: f.dataType.simpleString() for f in events_schema.fields}
+        cols = [f"`{self.key}` {types[self.key]}", "session_id STRING",
+                *(f"`{c}` {types[c]}" for c in self.latest),
+                "session_start TIMESTAMP", "session_end TIMESTAMP", "duration_seconds DOUBLE",
+                "events LONG", *(f"`{m}` LONG" for m in self.sums), "status STRING"]
+        return ", ".join(cols)
+
+
+def _value(v):
+    """A pandas cell as a JSON-able Python value (the state is JSON)."""
+    if v is None or (not isinstance(v, (list, dict)) and pd.isna(v)):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def merge_events(sessions: list[dict], events: pd.DataFrame, spec: SessionSpec) -> tuple[list[dict], set[str]]:
     """Fold events into sessions (each a dict with times in epoch ms); returns the merged sessions
     sorted by start, and the ids of sessions absorbed into another."""
     items = list(sessions)
-    for row in events.itertuples(index=False):
-        t = int(row.event_ms)
+    for row in events.to_dict("records"):
+        t = int(row["event_ms"])
         items.append({"id": None, "start": t, "end": t, "events": 1,
-                      "person": int(bool(row.has_person)), "motion": int(bool(row.has_motion)),
-                      "zip": None if pd.isna(row.zip_code) else str(row.zip_code),
-                      "unknown": bool(row.unknown_device), "zip_at": t})
+                      "sums": {m: int(_value(row[m]) or 0) for m in spec.sums},
+                      "latest": {c: _value(row[c]) for c in spec.latest}, "latest_at": t})
     items.sort(key=lambda s: (s["start"], s["end"]))
     merged: list[dict] = []
     absorbed: set[str] = set()
     for s in items:
         cur = merged[-1] if merged else None
-        if cur is not None and s["start"] - cur["end"] <= gap_ms:
+        if cur is not None and s["start"] - cur["end"] <= spec.gap_ms:
             ids = [i for i in (cur["id"], s["id"]) if i is not None]
             keep = min(ids) if ids else None
             absorbed.update(i for i in ids if i != keep)
-            if s["zip_at"] >= cur["zip_at"]:  # the latest event's location wins
-                cur["zip"], cur["unknown"], cur["zip_at"] = s["zip"], s["unknown"], s["zip_at"]
+            if s["latest_at"] >= cur["latest_at"]:
+                cur["latest"], cur["latest_at"] = dict(s["latest"]), s["latest_at"]
             cur.update(id=keep, end=max(cur["end"], s["end"]), events=cur["events"] + s["events"],
-                       person=cur["person"] + s["person"], motion=cur["motion"] + s["motion"])
+                       sums={m: cur["sums"][m] + s["sums"][m] for m in spec.sums})
         else:
-            merged.append(dict(s))
+            merged.append({**s, "sums": dict(s["sums"]), "latest": dict(s["latest"])})
     return merged, absorbed
 
 
-def _row(device_id: str, s: dict, status: str) -> dict:
-    return {"device_id": device_id, "session_id": s["id"], "zip_code": s["zip"],
-            "unknown_device": s["unknown"],
+def _row(key_value, s: dict, status: str, spec: SessionSpec) -> dict:
+    return {spec.key: key_value, "session_id": s["id"], **s["latest"],
             "session_start": pd.Timestamp(s["start"], unit="ms"),
             "session_end": pd.Timestamp(s["end"], unit="ms"),
             "duration_seconds": (s["end"] - s["start"]) / _MS, "events": s["events"],
-            "person_events": s["person"], "motion_events": s["motion"], "status": status}
+            **s["sums"], "status": status}
 
 
-def _frame(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=COLUMNS)
+def _merged_notice(key_value, session_id: str, spec: SessionSpec) -> dict:
+    """The row that tells gold to delete an absorbed session (only its keys matter)."""
+    empty = {"id": session_id, "start": 0, "end": 0, "events": 0,
+             "sums": {m: 0 for m in spec.sums}, "latest": {c: None for c in spec.latest}}
+    return _row(key_value, empty, "merged", spec)
 
 
-def fold_batch(device_id: str, sessions: list[dict], frames, gap_ms: int) -> tuple[list[dict], set[str]]:
-    """One micro-batch of a device: fold its events in, then name the sessions born in it.
-    A session is named once, after its batch (device + its start then), so its id depends on
+def _frame(rows: list[dict], spec: SessionSpec) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=spec.columns)
+
+
+def fold_batch(key_value, sessions: list[dict], frames, spec: SessionSpec) -> tuple[list[dict], set[str]]:
+    """One micro-batch of a key: fold its events in, then name the sessions born in it.
+    A session is named once, after its batch (key + its start then), so its id depends on
     what arrived in which batch; the audit replays the batches to rebuild the same ids."""
     absorbed: set[str] = set()
     for pdf in frames:
-        sessions, gone = merge_events(sessions, pdf, gap_ms)
+        sessions, gone = merge_events(sessions, pdf, spec)
         absorbed |= gone
     for s in sessions:
         if s["id"] is None:
-            s["id"] = f"{device_id}@{s['start']}"
+            s["id"] = f"{key_value}@{s['start']}"
     return sessions, absorbed
 
 
@@ -86,22 +131,20 @@ def is_closed(session: dict, gap_ms: int, watermark_ms: int) -> bool:
     return session["end"] + gap_ms <= watermark_ms
 
 
-def make_session_updater(gap_seconds: float):
-    gap_ms = int(gap_seconds * _MS)
+def make_session_updater(spec: SessionSpec):
+    gap_ms = spec.gap_ms
 
     def update(key, batches: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
-        (device_id,) = key
+        (key_value,) = key
         sessions = json.loads(state.get[0]) if state.exists else []
         watermark = state.getCurrentWatermarkMs()
         frames = [] if state.hasTimedOut else batches
-        sessions, absorbed = fold_batch(device_id, sessions, frames, gap_ms)
+        sessions, absorbed = fold_batch(key_value, sessions, frames, spec)
         closed = [s for s in sessions if is_closed(s, gap_ms, watermark)]
         still_open = [s for s in sessions if not is_closed(s, gap_ms, watermark)]
-        rows = ([_row(device_id, s, "closed") for s in closed]
-                + [_row(device_id, s, "open") for s in still_open]
-                + [{**_row(device_id, {"id": i, "start": 0, "end": 0, "events": 0, "person": 0,
-                                        "motion": 0, "zip": None, "unknown": False}, "merged")}
-                   for i in sorted(absorbed)])
+        rows = ([_row(key_value, s, "closed", spec) for s in closed]
+                + [_row(key_value, s, "open", spec) for s in still_open]
+                + [_merged_notice(key_value, i, spec) for i in sorted(absorbed)])
         if still_open:
             state.update((json.dumps(still_open),))
             # Fires once the watermark reaches the earliest possible close (end + gap <= watermark,
@@ -110,62 +153,63 @@ def make_session_updater(gap_seconds: float):
         elif state.exists:
             state.remove()
         if rows:
-            yield _frame(rows)
+            yield _frame(rows, spec)
 
     return update
 
 
-def session_inputs(events: DataFrame, *extra: str) -> DataFrame:
+def session_inputs(events: DataFrame, spec: SessionSpec, *extra: str) -> DataFrame:
     # event_time stays in the input: the event-time timeout needs the watermarked column.
-    return events.select("device_id", "event_time", F.unix_millis("event_time").alias("event_ms"),
-                         "has_person", "has_motion", "zip_code", "unknown_device", *extra)
+    return events.select(spec.key, "event_time", F.unix_millis("event_time").alias("event_ms"),
+                         *(F.expr(e).cast("long").alias(m) for m, e in spec.measures),
+                         *spec.latest, *extra)
 
 
-def sessionize(events: DataFrame, gap_seconds: float) -> DataFrame:
+def sessionize(events: DataFrame, spec: SessionSpec) -> DataFrame:
     """Streaming (or batch) sessions: one row per session touched, status open/closed/merged."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    return session_inputs(events).groupBy("device_id").applyInPandasWithState(
-        make_session_updater(gap_seconds), OUTPUT_SCHEMA, STATE_SCHEMA, "update",
+    return session_inputs(events, spec).groupBy(spec.key).applyInPandasWithState(
+        make_session_updater(spec), spec.output_schema(events.schema), STATE_SCHEMA, "update",
         GroupStateTimeout.EventTimeTimeout)
 
 
-def batch_sessions(events: DataFrame, gap_seconds: float) -> DataFrame:
+def batch_sessions(events: DataFrame, spec: SessionSpec) -> DataFrame:
     """The same sessions in plain batch, with window functions: a new session starts where the
-    gap to the previous event of the device exceeds the gap. Used by tests and audits."""
+    gap to the previous event of the key exceeds the gap. Used by tests and audits."""
     from pyspark.sql import Window
 
-    by_device = Window.partitionBy("device_id").orderBy("event_time", "event_id")
-    gap = F.unix_millis("event_time") - F.unix_millis(F.lag("event_time").over(by_device))
-    starts = events.withColumn("new_session", F.coalesce(gap > int(gap_seconds * _MS), F.lit(True)))
+    by_key = Window.partitionBy(spec.key).orderBy("event_time", "event_id")
+    gap = F.unix_millis("event_time") - F.unix_millis(F.lag("event_time").over(by_key))
+    starts = events.withColumn("new_session", F.coalesce(gap > spec.gap_ms, F.lit(True)))
     numbered = starts.withColumn("session_no", F.sum(F.col("new_session").cast("int")).over(
-        by_device.rowsBetween(Window.unboundedPreceding, 0)))
-    return (numbered.groupBy("device_id", "session_no")
+        by_key.rowsBetween(Window.unboundedPreceding, 0)))
+    return (numbered.groupBy(spec.key, "session_no")
             .agg(F.min("event_time").alias("session_start"), F.max("event_time").alias("session_end"),
                  F.count(F.lit(1)).alias("events"),
-                 F.sum(F.col("has_person").cast("long")).alias("person_events"),
-                 F.sum(F.col("has_motion").cast("long")).alias("motion_events"))
+                 *(F.sum(F.expr(e).cast("long")).alias(m) for m, e in spec.measures))
             .withColumn("duration_seconds",
                         (F.unix_millis("session_end") - F.unix_millis("session_start")) / _MS)
             .drop("session_no"))
 
 
-def replay_sessions(events: DataFrame, arrival_col: str, gap_seconds: float,
+def replay_sessions(events: DataFrame, arrival_col: str, spec: SessionSpec,
                     watermark_ms: int) -> DataFrame:
     """The sessions table a stream holds after the batch with `watermark_ms`, rebuilt in batch.
 
     `events` are the on-time events it consumed, `arrival_col` the micro-batch each arrived in.
-    Per device the batches are folded in order with the stream's own fold_batch, so session ids
+    Per key the batches are folded in order with the stream's own fold_batch, so session ids
     match; statuses follow the final watermark, as timeouts close every session behind it.
     Sessions that closed earlier are kept in the fold: no later on-time event can reach them."""
-    gap_ms = int(gap_seconds * _MS)
+    gap_ms = spec.gap_ms
 
     def replay(pdf: pd.DataFrame) -> pd.DataFrame:
-        device_id = pdf["device_id"].iloc[0]
+        key_value = _value(pdf[spec.key].iloc[0])
         sessions: list[dict] = []
         for _, frame in pdf.sort_values(arrival_col, kind="stable").groupby(arrival_col, sort=True):
-            sessions, _ = fold_batch(device_id, sessions, [frame], gap_ms)
-        return _frame([_row(device_id, s, "closed" if is_closed(s, gap_ms, watermark_ms) else "open")
-                       for s in sessions])
+            sessions, _ = fold_batch(key_value, sessions, [frame], spec)
+        return _frame([_row(key_value, s, "closed" if is_closed(s, gap_ms, watermark_ms) else "open", spec)
+                       for s in sessions], spec)
 
-    return session_inputs(events, arrival_col).groupBy("device_id").applyInPandas(replay, OUTPUT_SCHEMA)
+    return (session_inputs(events, spec, arrival_col).groupBy(spec.key)
+            .applyInPandas(replay, spec.output_schema(events.schema)))

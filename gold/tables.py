@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from common.profile import Aggregation, Profile
+from common.profile import Aggregation, Profile, Sessions
 from gold import sessions as S
 from gold import transform as T
 
@@ -21,15 +21,15 @@ class GoldTable:
     keys: tuple[str, ...]          # MERGE keys
     build: Callable                # (on-time silver events, cfg) -> DataFrame, streaming or batch
     windowed: bool = True
-    gap: str | None = None         # sessions: the profile's gap (a duration or $config.key)
+    sessions: Sessions | None = None   # the profile's sessions declaration (gap: duration or $config.key)
     publish: tuple | None = None   # (key columns, value column) for gold.stats_to_kafka
 
     @property
     def query(self) -> str:
         return f"gold_{self.table}"
 
-    def gap_seconds(self, cfg) -> float:
-        return cfg.duration(self.gap).seconds
+    def session_spec(self, cfg) -> S.SessionSpec:
+        return S.SessionSpec.of(self.sessions, cfg.duration(self.sessions.gap).seconds)
 
 
 def _aggregation(agg: Aggregation) -> GoldTable:
@@ -46,8 +46,9 @@ def gold_tables(profile: Profile) -> tuple[GoldTable, ...]:
     if profile.sessions:
         s = profile.sessions
         tables.append(GoldTable("sessions", s.table, (s.key, "session_id"),
-                                lambda ev, cfg, gap=s.gap: S.sessionize(ev, cfg.duration(gap).seconds),
-                                windowed=False, gap=s.gap))
+                                lambda ev, cfg, s=s: S.sessionize(
+                                    ev, S.SessionSpec.of(s, cfg.duration(s.gap).seconds)),
+                                windowed=False, sessions=s))
     return tuple(tables)
 
 

@@ -36,13 +36,18 @@ def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
     return windows.withColumn("finalized", F.col("window_end") <= wm)
 
 
-def quality_view(table: str, df: DataFrame) -> DataFrame:
-    """Columns the gold suite checks that are derived, not stored."""
+def quality_view(df: DataFrame, dimension=None) -> DataFrame:
+    """Columns the gold suite checks that are derived, not stored: window_seconds, and for each
+    column of the profile's dimension join the table carries, `<column>_null_without_flag`
+    (true where it is NULL although the dimension flag says the join matched)."""
     if "window_end" in df.columns:
         df = df.withColumn("window_seconds",
                            F.col("window_end").cast("long") - F.col("window_start").cast("long"))
-    if "unknown_device" in df.columns:
-        df = df.withColumn("zip_null_without_flag", F.col("zip_code").isNull() & ~F.col("unknown_device"))
+    if dimension is not None and dimension.flag in df.columns:
+        for col in dimension.columns:
+            if col in df.columns:
+                df = df.withColumn(f"{col}_null_without_flag",
+                                   F.col(col).isNull() & ~F.col(dimension.flag))
     return df
 
 

@@ -41,6 +41,11 @@ QUERY = {t.key: t.query for t in TABLES}
 SESSION_COLS = ["device_id", "session_start", "session_end", "events", "person_events", "motion_events"]
 
 
+def nest_sessions(gap_ms: int = GAP_MS) -> S.SessionSpec:
+    """The nest profile's session declaration with the given gap."""
+    return S.SessionSpec.of(SPEC["sessions"].sessions, gap_ms / 1000)
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 def lakehouse_cfg(root: Path, **overrides: str):
@@ -367,9 +372,9 @@ def test_late_events_are_dropped_and_accounted(spark, windowed):
     assert set(late_hours) <= set(sightings)
     sessions = read(spark, cfg, "gold", "device_sessions")
     on_time_df = silver(spark, cfg).where(~F.col("event_id").isin(list(late_ids)))
-    expected = bag(S.batch_sessions(on_time_df, 20 * 60), SESSION_COLS)
+    expected = bag(S.batch_sessions(on_time_df, nest_sessions(20 * MIN)), SESSION_COLS)
     assert_same_bag(bag(sessions, SESSION_COLS), expected, "device sessions without late events")
-    assert expected != bag(S.batch_sessions(on_time_df, GAP_MS / 1000), SESSION_COLS)
+    assert expected != bag(S.batch_sessions(on_time_df, nest_sessions()), SESSION_COLS)
     assert sessions.agg(F.sum("events")).first()[0] == len(on_time)
 
 
@@ -443,7 +448,8 @@ def test_gold_batch_is_idempotent(spark, windowed):
     current = read(spark, cfg, "gold", spec.table).collect()
     # Replay every session as emitted, plus a 'merged' notice for a session gold never had.
     ghost = {**current[0].asDict(), "session_id": "ghost@0", "status": "merged"}
-    batch = spark.createDataFrame([r.asDict() for r in current] + [ghost], S.OUTPUT_SCHEMA)
+    batch = spark.createDataFrame([r.asDict() for r in current] + [ghost],
+                                  read(spark, cfg, "gold", spec.table).schema)
     gold_batch = GoldBatch(spark, cfg, spec, None, _Books())
     for _ in range(2):
         gold_batch(batch, max(committed_batches(cfg, spec.query)))
@@ -545,7 +551,7 @@ def test_streaming_sessions_equal_batch_sessions(spark, sessionized):
     cfg, batches, _, runs = sessionized
     assert all(data_batch(r[QUERY["sessions"]]) is not None for r in runs)
     gold = read(spark, cfg, "gold", "device_sessions")
-    expected = S.batch_sessions(silver(spark, cfg), GAP_MS / 1000)
+    expected = S.batch_sessions(silver(spark, cfg), nest_sessions())
     assert_same_bag(bag(gold, SESSION_COLS), bag(expected, SESSION_COLS), "gold vs batch sessions")
     assert gold.where("status NOT IN ('open', 'closed')").count() == 0
     assert_one_row_per_key(gold, SPEC["sessions"].keys)
@@ -590,31 +596,44 @@ def test_session_status_follows_the_final_watermark(spark, sessionized):
 # --- merge_events and the state function, in plain pandas -----------------------------------
 
 def events_frame(*times_ms, person=False, motion=False, zip_code="94105", unknown=False):
-    return pd.DataFrame({"event_ms": list(times_ms), "has_person": [person] * len(times_ms),
-                         "has_motion": [motion] * len(times_ms), "zip_code": [zip_code] * len(times_ms),
-                         "unknown_device": [unknown] * len(times_ms)})
+    """What session_inputs hands the state function for nest: measures already per event."""
+    n = len(times_ms)
+    return pd.DataFrame({"event_ms": list(times_ms), "person_events": [int(person)] * n,
+                         "motion_events": [int(motion)] * n, "zip_code": [zip_code] * n,
+                         "unknown_device": [unknown] * n})
 
 
 def session(sid, start, end, events=1, person=0, motion=0, zip_code="94105"):
-    return {"id": sid, "start": start, "end": end, "events": events, "person": person,
-            "motion": motion, "zip": zip_code, "unknown": False, "zip_at": end}
+    return {"id": sid, "start": start, "end": end, "events": events,
+            "sums": {"person_events": person, "motion_events": motion},
+            "latest": {"zip_code": zip_code, "unknown_device": False}, "latest_at": end}
+
+
+def flat(s: dict) -> dict:
+    """A session dict with its sums and latest values at the top, as the assertions read it."""
+    return {**s, "person": s["sums"]["person_events"], "motion": s["sums"]["motion_events"],
+            "zip": s["latest"]["zip_code"]}
+
+
+def merge(sessions, events):
+    """merge_events with nest's declaration, its sessions flattened for the assertions."""
+    merged, absorbed = S.merge_events(sessions, events, nest_sessions())
+    return [flat(m) for m in merged], absorbed
 
 
 def test_merge_events_groups_by_gap():
-    merged, absorbed = S.merge_events([], events_frame(50 * MIN, 0, 10 * MIN, 10 * MIN + GAP_MS,
-                                                       person=True), GAP_MS)
+    merged, absorbed = merge([], events_frame(50 * MIN, 0, 10 * MIN, 10 * MIN + GAP_MS, person=True))
     assert absorbed == set()
     assert [(s["start"], s["end"], s["events"], s["person"]) for s in merged] == \
         [(0, 50 * MIN, 4, 4)]
-    merged, _ = S.merge_events([], events_frame(0, GAP_MS + 1, motion=True), GAP_MS)
+    merged, _ = merge([], events_frame(0, GAP_MS + 1, motion=True))
     assert [(s["start"], s["end"], s["events"], s["motion"], s["id"]) for s in merged] == \
         [(0, 0, 1, 1, None), (GAP_MS + 1, GAP_MS + 1, 1, 1, None)]
 
 
 def test_merge_events_extends_existing_sessions_both_ways():
     mine = [session("d@600000", 10 * MIN, 20 * MIN, events=3, person=1, zip_code="10001")]
-    merged, absorbed = S.merge_events(mine, events_frame(0, 45 * MIN, person=True, zip_code="94105"),
-                                      GAP_MS)
+    merged, absorbed = merge(mine, events_frame(0, 45 * MIN, person=True, zip_code="94105"))
     assert absorbed == set()
     assert len(merged) == 1
     s = merged[0]
@@ -627,12 +646,12 @@ def test_merge_events_bridge_keeps_the_smallest_id_and_returns_absorbed():
     a = session("d@1000", 0, 10 * MIN, events=2, person=1)
     b = session("d@4200000", 70 * MIN, 80 * MIN, events=3, motion=2)
     c = session("d@0999", 120 * MIN, 125 * MIN, events=1)     # smaller id, later start
-    merged, absorbed = S.merge_events([c, b, a], events_frame(40 * MIN, 100 * MIN), GAP_MS)
+    merged, absorbed = merge([c, b, a], events_frame(40 * MIN, 100 * MIN))
     assert [(s["id"], s["start"], s["end"], s["events"], s["person"], s["motion"]) for s in merged] == \
         [("d@0999", 0, 125 * MIN, 8, 1, 2)]
     assert absorbed == {"d@1000", "d@4200000"}
     # An event that bridges nothing absorbs nothing.
-    merged, absorbed = S.merge_events([b, a], events_frame(200 * MIN), GAP_MS)
+    merged, absorbed = merge([b, a], events_frame(200 * MIN))
     assert [s["id"] for s in merged] == ["d@1000", "d@4200000", None] and absorbed == set()
 
 
@@ -665,8 +684,8 @@ class FakeState:
 
 
 def run_updater(state, *frames):
-    out = list(S.make_session_updater(GAP_MS / 1000)(("d",), iter(frames), state))
-    return pd.concat(out) if out else pd.DataFrame(columns=S.COLUMNS)
+    out = list(S.make_session_updater(nest_sessions())(("d",), iter(frames), state))
+    return pd.concat(out) if out else pd.DataFrame(columns=nest_sessions().columns)
 
 
 def test_session_updater_emits_open_closed_and_merged():

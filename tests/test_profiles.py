@@ -14,6 +14,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from common.config import ConfigError, load_config
+from gold import sessions as S
+from gold.tables import by_table
 
 REPO = Path(__file__).resolve().parent.parent
 DATASETS = Path(os.environ.get("SHARED_DATASETS") or REPO.parent / "shared" / "datasets")
@@ -177,6 +179,13 @@ aggregations:
     measures:
       readings: count(1)
       max_fahrenheit: max(fahrenheit)
+sessions:
+  table: sensor_sessions
+  key: sensor
+  gap: 5 minutes
+  latest: [site]
+  measures:
+    hot_readings: CAST(celsius > 22 AS LONG)
 silver: {expectations: %(silver_suite)s}
 gold: {expectations: %(gold_suite)s, watermark: 1 hour}
 """
@@ -243,6 +252,15 @@ def test_a_profile_written_in_a_test_folder_runs_with_no_code_change(spark, tmp_
         got = {(r.window_start.minute if r.window_start.hour == 0 else r.window_start.minute - 60,
                 r.readings, r.max_fahrenheit) for r in gold.collect()}
         assert got == {(-5, 1, 68.0), (0, 2, 77.0), (5, 1, 77.0)}
+        # Sessions keyed by sensor, 5-minute gap: a's readings at minutes 1 and 7 are two sessions.
+        sessions = read(spark, cfg, "gold", "sensor_sessions")
+        assert rows(sessions, "sensor", F.minute("session_start"), F.minute("session_end"), "site",
+                    "events", "hot_readings", "status") == [
+            ("a", 1, 1, "north", 1, 0, "open"), ("a", 7, 7, "north", 1, 1, "open"),
+            ("b", 2, 2, "south", 1, 1, "open")]
+        spec = by_table(cfg)["sensor_sessions"].session_spec(cfg)
+        cols = ("sensor", "session_start", "session_end", "events", "hot_readings")
+        assert rows(sessions, *cols) == rows(S.batch_sessions(silver, spec), *cols)
     finally:
         forget(spark, cfg)
 
@@ -294,6 +312,10 @@ def test_a_valid_minimal_profile_loads(tmp_path):
     (lambda d: d["parse"]["fields"][0].update(sise=1), "key 'parse.fields[0].sise': unknown key"),
     (lambda d: d.update(bronze={"max_files_per_trigger": 0}), "value from profile"),
     (lambda d: d["parse"]["fields"].append({"name": "event_id"}), "a column silver adds itself"),
+    (lambda d: d.update(sessions={"table": "s", "key": "t", "gap": "1 hour", "latest": ["nope"]}),
+     "key 'sessions.latest': 'nope' is neither a field"),
+    (lambda d: d.update(sessions={"table": "s", "key": "t", "gap": "1 hour", "measures": {"events": "1"}}),
+     "measure 'events' clashes"),
 ])
 def test_bad_profiles_fail_with_the_file_and_key_named(tmp_path, mutate, expected):
     assert expected in _bad(tmp_path, mutate)
