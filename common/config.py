@@ -12,10 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from common.profile import (Profile, ProfileError, deep_merge, env_profile, expand, parse_profile,
-                            profiles_dir, read_profile, split_profile)
+                            profiles_dir, read_profile, split_profile, yaml_mapping)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONF = REPO_ROOT / "conf" / "lakehouse.yaml"
@@ -339,12 +337,7 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
     conf_path = Path(path or env.get("LAKEHOUSE_CONF") or DEFAULT_CONF).resolve()
     if not conf_path.is_file():
         raise ConfigError(f"config file not found: {conf_path}")
-    try:
-        raw = yaml.safe_load(conf_path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{conf_path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{conf_path}: top level must be a mapping")
+    raw = yaml_mapping(conf_path, ConfigError)
     try:
         profile_file, profile_raw = read_profile(env_profile(env), profiles_dir(env, REPO_ROOT))
         overrides, own = split_profile(profile_raw, profile_file, SCHEMA)

@@ -115,13 +115,19 @@ def read_profile(name: str, directory: Path) -> tuple[Path, dict]:
         known = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
         raise ProfileError(f"profile {name!r} not found: no {path}"
                            + (f" (known: {', '.join(known)})" if known else ""))
+    return path, yaml_mapping(path, ProfileError)
+
+
+def yaml_mapping(path: Path, error: type[Exception]) -> dict:
+    """A YAML file whose top level is a mapping (empty file: {}); anything else raises `error`
+    naming the file."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ProfileError(f"{path}: not valid YAML: {e}") from None
+        raise error(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: top level must be a mapping")
-    return path, raw
+        raise error(f"{path}: top level must be a mapping")
+    return raw
 
 
 class _Reader:
