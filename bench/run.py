@@ -300,7 +300,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f (default 1M)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--only", default=SECTIONS, help="sections to run, e.g. a,b (default: all six)")
+    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b (default: all six)")
     p.add_argument("--rate", type=int, default=5000, help="(d, e) feed rate, events/s (default 5000)")
     p.add_argument("--stream-seconds", type=float, default=90, help="(d, e) how long to feed (default 90)")
     p.add_argument("--warmup-seconds", type=float, default=15,
