@@ -1,8 +1,9 @@
 """The bare engine ceiling: what Spark alone does with the landing files on this machine.
 
-The same binaryFile read and line split as bronze, the same explicit JSON schema and cameras
-explode as silver, into the `noop` sink: no Delta, no dedup, no quality gate, no MERGE.
-Whatever the pipeline does beyond this is its own cost.
+The same binaryFile read and line split as bronze, the same explicit JSON schema and explode
+as silver (the profile's: nest's cameras map by default), every declared field projected, into
+the `noop` sink: no Delta, no typing, no dedup, no quality gate, no MERGE. Whatever the
+pipeline does beyond this is its own cost.
 """
 from __future__ import annotations
 
@@ -12,25 +13,35 @@ from pyspark.sql import functions as F
 
 from bronze.job import BINARY_FILE_SCHEMA
 from bronze.transform import lines_from_files
-from silver.transform import NEST_SCHEMA
+from pyspark.sql.types import MapType
+
+from silver.transform import raw_schema
 
 
-def raw_events(spark, landing: str):
+def raw_events(spark, landing: str, profile):
     files = spark.read.format("binaryFile").schema(BINARY_FILE_SCHEMA).load(landing)
     lines = lines_from_files(files)
-    parsed = lines.select("file_path", "line_number", F.from_json("raw", NEST_SCHEMA).alias("j"))
-    cams = parsed.select("file_path", "line_number",
-                         F.explode_outer("j.devices.cameras").alias("camera_key", "cam"))
-    le = F.col("cam.last_event")
-    # Every leaf is projected so the noop sink cannot prune the parse away.
-    return cams.select("file_path", "line_number", "camera_key", "cam.device_id", "cam.name",
-                       "cam.is_online", le.has_sound, le.has_motion, le.has_person,
-                       le.start_time, le.end_time)
+    schema = raw_schema(profile)
+    parsed = lines.select("file_path", "line_number", F.from_json("raw", schema).alias("j"))
+    if profile.explode_path:
+        dtype = schema
+        for part in profile.explode_path:
+            dtype = dtype[part].dataType
+        at = F.col("j." + ".".join(profile.explode_path))
+        element = (F.explode_outer(at).alias("element_key", "el") if isinstance(dtype, MapType)
+                   else F.explode_outer(at).alias("el"))
+        parsed = parsed.select("*", element)
+        root = "el"
+    else:
+        root = "j"
+    # Every declared leaf is projected so the noop sink cannot prune the parse away.
+    leaves = [F.col(".".join((root, *f.path))).alias(f.name) for f in profile.fields if f.type != "present"]
+    return parsed.select("file_path", "line_number", *leaves)
 
 
-def measure(spark, landing: str, events: int) -> dict:
+def measure(spark, landing: str, events: int, profile) -> dict:
     """Time the noop write of every landing file; events/s is over the generated events."""
     started = time.monotonic()
-    raw_events(spark, landing).write.format("noop").mode("overwrite").save()
+    raw_events(spark, landing, profile).write.format("noop").mode("overwrite").save()
     seconds = time.monotonic() - started
     return {"seconds": round(seconds, 2), "events_per_s": round(events / seconds)}

@@ -357,7 +357,8 @@ def main(argv=None) -> int:
                 if "a" in args.sections:
                     log("(a) engine ceiling: landing files -> explode -> noop")
                     from bench.ceiling import measure
-                    result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events))
+                    result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events,
+                                                                        cfg.profile))
                 if args.sections & set("bcf"):
                     result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
                                                  result.get("ceiling"))
