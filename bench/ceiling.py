@@ -13,22 +13,16 @@ from pyspark.sql import functions as F
 
 from bronze.job import BINARY_FILE_SCHEMA
 from bronze.transform import lines_from_files
-from pyspark.sql.types import MapType
-
-from silver.transform import raw_schema
+from silver.transform import explodes_map, raw_schema
 
 
 def raw_events(spark, landing: str, profile):
     files = spark.read.format("binaryFile").schema(BINARY_FILE_SCHEMA).load(landing)
     lines = lines_from_files(files)
-    schema = raw_schema(profile)
-    parsed = lines.select("file_path", "line_number", F.from_json("raw", schema).alias("j"))
+    parsed = lines.select("file_path", "line_number", F.from_json("raw", raw_schema(profile)).alias("j"))
     if profile.explode_path:
-        dtype = schema
-        for part in profile.explode_path:
-            dtype = dtype[part].dataType
         at = F.col("j." + ".".join(profile.explode_path))
-        element = (F.explode_outer(at).alias("element_key", "el") if isinstance(dtype, MapType)
+        element = (F.explode_outer(at).alias("element_key", "el") if explodes_map(profile)
                    else F.explode_outer(at).alias("el"))
         parsed = parsed.select("*", element)
         root = "el"

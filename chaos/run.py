@@ -22,9 +22,6 @@ from common.processes import descendants, kill_tree, with_jvm_options
 
 LAYERS = ("bronze", "silver", "gold")
 NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
-# Short-lived JVMs on 2 cores: the C2 JIT costs more CPU than it saves (as in tests/test_cluster.py).
-# C1 alone reserves only a 48 MB code cache, which a long gold run fills (then the JIT turns
-# itself off and everything runs interpreted): give it room.
 
 
 @dataclass

@@ -29,7 +29,11 @@ class GoldTable:
         return f"gold_{self.table}"
 
     def session_spec(self, cfg) -> S.SessionSpec:
-        return S.SessionSpec.of(self.sessions, cfg.duration(self.sessions.gap).seconds)
+        return _session_spec(self.sessions, cfg)
+
+
+def _session_spec(sessions: Sessions, cfg) -> S.SessionSpec:
+    return S.SessionSpec.of(sessions, cfg.duration(sessions.gap).seconds)
 
 
 def _aggregation(agg: Aggregation) -> GoldTable:
@@ -46,8 +50,7 @@ def gold_tables(profile: Profile) -> tuple[GoldTable, ...]:
     if profile.sessions:
         s = profile.sessions
         tables.append(GoldTable("sessions", s.table, (s.key, "session_id"),
-                                lambda ev, cfg, s=s: S.sessionize(
-                                    ev, S.SessionSpec.of(s, cfg.duration(s.gap).seconds)),
+                                lambda ev, cfg, s=s: S.sessionize(ev, _session_spec(s, cfg)),
                                 windowed=False, sessions=s))
     return tuple(tables)
 

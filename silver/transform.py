@@ -146,7 +146,8 @@ def _element_singular(profile: Profile) -> str:
     return profile.index[:-len("_index")] if profile.index.endswith("_index") else profile.index
 
 
-def _explodes_map(profile: Profile) -> bool:
+def explodes_map(profile: Profile) -> bool:
+    """Whether the profile's explode path ends at a map (one event per entry) rather than an array."""
     dtype = raw_schema(profile)
     for part in profile.explode_path or ():
         dtype = dtype[part].dataType
@@ -169,13 +170,13 @@ def _shape_reason(text: Column, profile: Profile) -> Column:
     path = profile.explode_path or ()
     for i, part in enumerate(path):
         level = child(level, part)
-        if i < len(path) - 1 or _explodes_map(profile):
+        if i < len(path) - 1 or explodes_map(profile):
             checks.append((not_object(level), f"wrong_type:{part}"))
         else:
             checks.append((level.isNotNull() & ~F.ltrim(level).startswith("["), f"wrong_type:{part}"))
     if path:
         each = (F.map_values(F.from_json(level, MapType(StringType(), StringType())))
-                if _explodes_map(profile) else F.from_json(level, ArrayType(StringType())))
+                if explodes_map(profile) else F.from_json(level, ArrayType(StringType())))
         checks.append((F.exists(each, not_object), f"wrong_type:{_element_singular(profile)}"))
     else:
         each = F.array(text)
