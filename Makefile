@@ -69,16 +69,16 @@ generate: setup ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) +
 	$(PY) -m bronze.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST))
 
 run-bronze: setup ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
-	$(PY) -m bronze.job
+	$(PY) -m pipeline --layer bronze
 
 seed-locations: setup ## Load device_locations.csv (from `make generate`) into silver.device_locations
 	$(PY) -m silver.locations
 
 run-silver: setup ## bronze.events -> silver.camera_events + silver.quarantine (TRIGGER=...)
-	$(PY) -m silver.job
+	$(PY) -m pipeline --layer silver
 
 run-gold: setup ## silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity, gold.device_sessions
-	$(PY) -m gold.job
+	$(PY) -m pipeline --layer gold
 
 sql: setup ## make sql Q="SELECT ..." prints a table; plain `make sql` opens a spark-sql shell (Delta + tables)
 	@$(PY) -m common.sql $(if $(Q),"$$Q") $(if $(LIMIT),--limit $(LIMIT))
@@ -91,8 +91,8 @@ restore: setup ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks f
 	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }
 	@$(PY) -m audit.restore "$(TABLE)" "$(VERSION)" $(if $(YES),--yes)
 
-run-all: setup ## bronze -> silver -> gold; TRIGGER=processing-time runs all three at once until Ctrl-C/SIGTERM
-	$(PY) -m common.run_all $(if $(TRIGGER),--trigger $(TRIGGER))
+run-all: setup ## bronze -> silver -> gold in one Spark application; TRIGGER=processing-time runs them at once until Ctrl-C/SIGTERM
+	$(PY) -m pipeline $(if $(TRIGGER),--trigger $(TRIGGER))
 
 DEMO_N ?= 20000
 demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql)

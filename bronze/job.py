@@ -4,19 +4,17 @@
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
+import threading
 import time
 
 from pyspark.errors import StreamingQueryException
 
 from common.accounting import executed_batches
-from common.config import ConfigError, load_config
 from common.delta import ensure_table
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
-from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, fail, run_job, trigger)
+from common.streaming import JobError, trigger
+from pipeline.flow import Flow, Layer, Recovery
 
 BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length LONG, content BINARY"
 QUERY_NAME = {"files": "bronze_files", "kafka": "bronze_kafka"}
@@ -118,44 +116,49 @@ def _broker_unreachable(error: StreamingQueryException) -> bool:
     return any(name in trace for name in _BROKER_DOWN)
 
 
-def run_kafka(spark, cfg, stop: GracefulStop, query) -> None:
-    """Await the Kafka query; when it fails because the broker is unreachable, wait for the
-    broker (backoff from kafka.source) and restart the query from its checkpoint. The Delta
-    sink's batch ids make the restart exactly once. Raises JobError once the broker has been
-    unreachable for kafka.source.max_outage with no batch completed in between."""
-    src = cfg.kafka.source
-    failing_since = None
-    npe_restarted = False
-    while True:
-        try:
-            await_queries([query], stop)
-            return
-        except StreamingQueryException as e:
-            if _kafka_replay_metrics_npe(e) and not npe_restarted:
-                npe_restarted = True
-                print("bronze: Kafka source failed reporting a replayed batch (SPARK-55271); "
-                      "restarting the query from its checkpoint", file=sys.stderr, flush=True)
-            elif _broker_unreachable(e):
-                if failing_since is None or executed_batches(query):
-                    failing_since = time.monotonic()   # a new outage: the last run made progress
-                print(f"bronze: Kafka query failed, broker at {cfg.kafka.bootstrap_servers} unreachable "
-                      f"({str(e).splitlines()[0][:200]}); restarting the query from its checkpoint once "
-                      f"the broker answers (giving up after {src.max_outage})", file=sys.stderr, flush=True)
-                _wait_for_broker(cfg, stop, failing_since + src.max_outage.seconds)
-                if stop.requested.is_set():
-                    return
-            else:
-                raise
+class KafkaRecovery(Recovery):
+    """When the Kafka query fails because the broker is unreachable, wait for the broker (backoff
+    from kafka.source) and restart the query from its checkpoint; the Delta sink's batch ids make
+    the restart exactly once. Raises JobError once the broker has been unreachable for
+    kafka.source.max_outage with no batch completed in between."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.failing_since = None
+        self.npe_restarted = False
+
+    def resume(self, spark, error, query, run):
+        cfg, src = self.cfg, self.cfg.kafka.source
+        if not isinstance(error, StreamingQueryException):
+            raise error
+        if _kafka_replay_metrics_npe(error) and not self.npe_restarted:
+            self.npe_restarted = True
+            print("bronze: Kafka source failed reporting a replayed batch (SPARK-55271); "
+                  "restarting the query from its checkpoint", file=sys.stderr, flush=True)
+        elif _broker_unreachable(error):
+            if self.failing_since is None or executed_batches(query):
+                self.failing_since = time.monotonic()   # a new outage: the last run made progress
+            print(f"bronze: Kafka query failed, broker at {cfg.kafka.bootstrap_servers} unreachable "
+                  f"({str(error).splitlines()[0][:200]}); restarting the query from its checkpoint once "
+                  f"the broker answers (giving up after {src.max_outage})", file=sys.stderr, flush=True)
+            _wait_for_broker(cfg, run.stop, self.failing_since + src.max_outage.seconds, run.stop_all)
+            if run.stop.is_set() or run.stop_all.is_set():
+                return None
+        else:
+            raise error
         query = start(spark, cfg, "kafka")
         print("bronze: Kafka query restarted from its checkpoint", file=sys.stderr, flush=True)
+        return query
 
 
-def _wait_for_broker(cfg, stop: GracefulStop, give_up_at: float) -> None:
+def _wait_for_broker(cfg, stop: threading.Event, give_up_at: float,
+                     stop_all: threading.Event | None = None) -> None:
     from common.kafka_broker import BrokerError, wait_for_kafka
 
     src, servers = cfg.kafka.source, cfg.kafka.bootstrap_servers
     backoff = src.reconnect_backoff.seconds
-    while not stop.requested.is_set():
+    stopped = lambda: stop.is_set() or (stop_all is not None and stop_all.is_set())
+    while not stopped():
         left = give_up_at - time.monotonic()
         try:
             wait_for_kafka(servers, max(1.0, min(cfg.kafka.connect_timeout.seconds, left)))
@@ -170,44 +173,23 @@ def _wait_for_broker(cfg, stop: GracefulStop, give_up_at: float) -> None:
         pause = min(backoff, left)
         print(f"bronze: broker at {servers} still unreachable; next try in {pause:g} s "
               f"(giving up in {left:.0f} s)", file=sys.stderr, flush=True)
-        stop.requested.wait(pause)
+        stop.wait(pause)
         backoff = min(backoff * 2, src.reconnect_backoff_max.seconds)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bronze.job", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", choices=["files", "kafka"],
-                        help="where raw records come from (default: conf bronze.source / env SOURCE)")
-    add_trigger_args(parser)
-    args = parser.parse_args(argv)
-    env = apply_trigger_args(args, os.environ)
-    if args.source:
-        env["SOURCE"] = args.source
-    try:
-        cfg = load_config(env=env)
-    except ConfigError as e:
-        return fail(str(e))
-    try:
-        preflight(cfg, cfg.bronze.source)
-    except JobError as e:
-        return fail(str(e))
-    stop = GracefulStop()
-    stop.install()
-
-    def body(spark):
-        query = start(spark, cfg, cfg.bronze.source)
-        print(f"bronze: {cfg.bronze.source} -> {cfg.table_path('bronze', 'events')} "
-              f"({cfg.streaming.trigger})", flush=True)
-        if cfg.bronze.source == "kafka":
-            run_kafka(spark, cfg, stop, query)
-        else:
-            await_queries([query], stop)
-        rows = spark.read.format("delta").load(cfg.table_path("bronze", "events")).count()
-        print(f"bronze: done; bronze.events holds {rows} rows", flush=True)
-
-    return run_job(cfg, "bronze", body, [QUERY_NAME[cfg.bronze.source]])
+def layer(cfg) -> Layer:
+    source = cfg.bronze.source
+    name = QUERY_NAME[source]
+    flow = Flow(name, "bronze", lambda spark: start(spark, cfg, source),
+                recovery=(lambda: KafkaRecovery(cfg)) if source == "kafka" else None)
+    return Layer("bronze", None, (flow,),
+                 preflight=lambda selected: preflight(cfg, source),
+                 prepare=lambda spark: ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS,
+                                                    BRONZE_PARTITION),
+                 describe=f"{source} -> {cfg.table_path('bronze', 'events')}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import layer_main
+
+    sys.exit(layer_main("bronze"))

@@ -27,7 +27,27 @@ class SuiteError(ValueError):
 
 
 class DataQualityError(RuntimeError):
-    """An expectation with policy `fail` did not pass."""
+    """An expectation with policy `fail` did not pass. Carries the query, the batch and the
+    failed expectations, so the runner can name them without reading the message."""
+
+    def __init__(self, message: str, query: str = "", batch_id: int | None = None,
+                 expectations: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.query, self.batch_id, self.expectations = query, batch_id, expectations
+
+    def summary(self) -> str:
+        names = ", ".join(f"'{e}'" for e in self.expectations)
+        return f"expectation {names} failed in batch {self.batch_id} (policy fail)"
+
+
+# The foreachBatch body runs inside Spark, which hands the runner only a StreamingQueryException
+# built from the Python traceback text. The typed error is kept here, by query, for the runner.
+_FAILED: dict[str, DataQualityError] = {}
+
+
+def take_failure(query: str, peek: bool = False) -> DataQualityError | None:
+    """The `fail` expectation error a query's batch raised, if any (removed unless peek)."""
+    return _FAILED.get(query) if peek else _FAILED.pop(query, None)
 
 
 @dataclass(frozen=True)
@@ -202,7 +222,9 @@ def raise_on_failures(outcomes: list[Outcome], query: str, batch_id: int, table:
                          f"sample: {json.dumps(o.sample, default=str)}")
         lines.append("  the batch was not committed; fix the data or the rule in the suite, then "
                      "restart the job: it resumes from this batch.")
-        raise DataQualityError("\n".join(lines))
+        error = DataQualityError("\n".join(lines), query, batch_id, tuple(o.rule.name for o in failed))
+        _FAILED[query] = error
+        raise error
 
 
 def dq_rows(outcomes: list[Outcome], query: str, batch_id: int, table: str, suite: str):

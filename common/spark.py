@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from common.catalog import register_tables
 from common.config import Config
 from common.jars import spark_extra_jars
 
+FAIR_POOLS = Path(__file__).resolve().parent.parent / "conf" / "fairscheduler.xml"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -32,6 +34,9 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "true",
         # Batch accounting reads per-batch progress; keep enough of it between polls.
         "spark.sql.streaming.numRecentProgressUpdates": "1000",
+        # One application runs every layer: each layer's queries in its own FAIR pool.
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(FAIR_POOLS),
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }

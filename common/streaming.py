@@ -1,18 +1,13 @@
-"""Wiring shared by the three jobs: triggers, graceful stop on SIGINT/SIGTERM, job errors."""
+"""What every layer's queries share: triggers, stopping between micro-batches, checkpoint locks,
+errors the user can fix."""
 from __future__ import annotations
 
-import logging
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 from common.config import Config
-from common.lineage import batch_watermark_ms  # noqa: F401  (re-exported for the jobs)
-
-log = logging.getLogger("lakehouse")
 
 
 class JobError(RuntimeError):
@@ -33,62 +28,7 @@ def interval(cfg: Config, layer: str | None = None):
     return own if own is not None and not forced else cfg.streaming.trigger_interval
 
 
-def add_trigger_args(parser, cfg_default_help: str = "") -> None:
-    parser.add_argument("--trigger", choices=["available-now", "processing-time"],
-                        help="available-now (default: from conf/env TRIGGER) processes what is there "
-                             "and stops; processing-time runs until SIGINT/SIGTERM")
-    parser.add_argument("--interval", help="trigger interval for processing-time, e.g. '10 seconds'")
-
-
-def apply_trigger_args(args, env: dict) -> dict:
-    env = dict(env)
-    if getattr(args, "trigger", None):
-        env["TRIGGER"] = args.trigger
-    if getattr(args, "interval", None):
-        env["TRIGGER_INTERVAL"] = args.interval
-    return env
-
-
-class GracefulStop:
-    """On SIGINT/SIGTERM, let the running micro-batch finish, then stop the queries."""
-
-    def __init__(self):
-        self.requested = threading.Event()
-
-    def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, _frame):
-        if self.requested.is_set():  # a second signal: stop now, the checkpoint keeps us safe
-            raise KeyboardInterrupt
-        log.warning("signal %s: stopping after the current micro-batch", signal.Signals(signum).name)
-        self.requested.set()
-
-
-def await_queries(queries, stop: GracefulStop, poll: float = 0.5) -> None:
-    """Wait for every query to finish; on a stop request, stop each between micro-batches.
-
-    Re-raises the first query failure (StreamingQueryException) after stopping the others.
-    """
-    try:
-        while any(q.isActive for q in queries):
-            for q in queries:
-                if q.isActive:
-                    q.awaitTermination(poll / len(queries))
-            if stop.requested.is_set():
-                for q in queries:
-                    _stop_between_batches(q)
-        for q in queries:
-            q.awaitTermination()  # raises if the query failed
-    except BaseException:
-        for q in queries:
-            if q.isActive:
-                q.stop()
-        raise
-
-
-def _stop_between_batches(query, timeout: float = 600) -> None:
+def stop_between_batches(query, timeout: float = 600) -> None:
     """Stop when no trigger runs, or as soon as the trigger running now has finished.
 
     With a backlog (batches slower than the interval, or availableNow) the next trigger starts
@@ -162,37 +102,3 @@ class CheckpointLocks:
         for f in self._files:
             f.close()
         self._files = []
-
-
-def run_job(cfg: Config, app_name: str, body, queries=()) -> int:
-    """Lock the queries' checkpoints, build the session, record query progress
-    (ops.query_progress), run body(spark), turn failures into an exit code and a message
-    (2: something the user can fix; 1: a query failed, e.g. a quality gate), stop Spark."""
-    try:
-        with CheckpointLocks(cfg, queries):
-            return _run_job(cfg, app_name, body)
-    except JobError as e:
-        return fail(str(e))
-
-
-def _run_job(cfg: Config, app_name: str, body) -> int:
-    from common.progress import ProgressRecorder
-    from common.spark import build_spark
-
-    spark = build_spark(cfg, app_name)
-    recorder = ProgressRecorder(spark, cfg)
-    spark.streams.addListener(recorder)
-    try:
-        body(spark)
-    except JobError as e:
-        return fail(str(e))
-    except Exception as e:
-        if os.environ.get("LAKEHOUSE_DEBUG"):
-            raise
-        return fail(failure_message(e), 1)
-    finally:
-        try:
-            recorder.close()
-        finally:
-            spark.stop()
-    return 0

@@ -9,8 +9,6 @@ end is behind the watermark are marked finalized, sessions carry status open/clo
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -19,13 +17,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from common import accounting
-from common.config import ConfigError, load_config
+from common.config import ConfigError
 from common.delta import commit_metadata, ensure_table, idempotent_append
 from common.lineage import batch_lineage, checkpoint_query_id
 from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import DQ_RESULTS
-from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, fail, run_job, trigger)
+from common.streaming import JobError, trigger
+from pipeline.flow import Flow, Layer
 from gold import transform as T
 from gold.tables import GoldTable, for_config
 from gold.tables import TABLES  # noqa: F401  (nest's tables, for callers that import them here)
@@ -109,13 +107,11 @@ def progress_counts(progress: dict) -> dict:
     return {"rows_in": rows_in, **accounting.state_drops(progress)}
 
 
-def start(spark, cfg, only=None, suites=None):
-    """Start the selected gold queries; returns them (each batch records its own accounting row)."""
+def prepare_gold(spark, cfg, specs) -> None:
+    """Check the stats topic when publishing, create the gold and ops tables."""
     silver_path = cfg.table_path("silver", cfg.silver_table)
     if not (Path(silver_path) / "_delta_log").is_dir():
         raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
-    if suites is None:
-        suites = load_suites(cfg.gold.expectations)
     if cfg.gold.stats_to_kafka:
         from common.kafka_broker import BrokerError, ensure_topic, wait_for_kafka
 
@@ -128,59 +124,62 @@ def start(spark, cfg, only=None, suites=None):
     silver_schema = spark.read.format("delta").load(silver_path).schema
     # Created up front: concurrent queries creating it on their first batch would conflict.
     ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
-    started = []
-    for spec in for_config(cfg):
-        if only and spec.key not in only:
-            continue
+    accounting.ensure_accounting(spark, cfg)
+    for spec in specs:
         ensure_table(spark, cfg, "gold", spec.table, output_schema(spark, cfg, spec, silver_schema))
-        silver = (spark.readStream.format("delta")
-                  .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path)
-                  .observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows_in")))
-        events = T.on_time(silver, cfg.gold.watermark.spark() if cfg.gold.watermark else None)
-        suite = suites.get(f"gold.{spec.table}")
-        books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts,
-                                      upstream=f"silver.{cfg.silver_table}")
-        batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)
-        query = (spec.build(events, cfg).writeStream.queryName(spec.query)
-                 .outputMode("update")
-                 .foreachBatch(batch)
-                 .option("checkpointLocation", cfg.checkpoint(spec.query))
-                 .trigger(**trigger(cfg, "gold"))
-                 .start())
-        started.append(query)
-    return started
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="gold.job", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated subset of the profile's gold tables, by key "
-                        "(nest: sightings, activity, sessions; default: all)")
-    add_trigger_args(parser)
-    args = parser.parse_args(argv)
-    only = set(args.only.split(",")) if args.only else None
-    try:
-        cfg = load_config(env=apply_trigger_args(args, os.environ))
-        suites = load_suites(cfg.gold.expectations)
-    except (ConfigError, SuiteError) as e:
-        return fail(str(e))
+def start_table(spark, cfg, spec: GoldTable, suites: dict):
+    """Start one gold table's query (each batch records its own accounting row)."""
+    silver_path = cfg.table_path("silver", cfg.silver_table)
+    silver = (spark.readStream.format("delta")
+              .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path)
+              .observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows_in")))
+    events = T.on_time(silver, cfg.gold.watermark.spark() if cfg.gold.watermark else None)
+    suite = suites.get(f"gold.{spec.table}")
+    books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts,
+                                  upstream=f"silver.{cfg.silver_table}")
+    batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)
+    return (spec.build(events, cfg).writeStream.queryName(spec.query)
+            .outputMode("update")
+            .foreachBatch(batch)
+            .option("checkpointLocation", cfg.checkpoint(spec.query))
+            .trigger(**trigger(cfg, "gold"))
+            .start())
+
+
+def start(spark, cfg, only=None, suites=None):
+    """Prepare and start the selected gold queries in this session; returns them."""
+    specs = [spec for spec in for_config(cfg) if not only or spec.key in only]
+    suites = load_suites(cfg.gold.expectations) if suites is None else suites
+    prepare_gold(spark, cfg, specs)
+    return [start_table(spark, cfg, spec, suites) for spec in specs]
+
+
+def layer(cfg, only=None) -> Layer:
+    """The profile's gold tables (or the `only` subset, by key), one flow each."""
+    suites = load_suites(cfg.gold.expectations)     # a bad suite fails here, before Spark starts
     tables = for_config(cfg)
-    if only and only - {t.key for t in tables}:
-        parser.error(f"--only: unknown {sorted(only - {t.key for t in tables})} for profile "
-                     f"{cfg.profile.name} (known: {', '.join(t.key for t in tables)})")
-    stop = GracefulStop()
-    stop.install()
-    def body(spark):
-        queries = start(spark, cfg, only, suites)
-        names = [f"gold.{t.table}" for t in tables if not only or t.key in only]
-        print(f"gold: silver.{cfg.silver_table} -> {', '.join(names)} ({cfg.streaming.trigger})", flush=True)
-        await_queries(queries, stop)
-        for name in names:
-            n = spark.read.format("delta").load(cfg.table_path("gold", name.split(".")[1])).count()
-            print(f"gold: {name} holds {n} rows", flush=True)
+    unknown = set(only or ()) - {t.key for t in tables}
+    if unknown:
+        raise ConfigError(f"--only: unknown {sorted(unknown)} for profile {cfg.profile.name} "
+                          f"(known: {', '.join(t.key for t in tables)})")
+    chosen = [t for t in tables if not only or t.key in only]
+    silver_path = cfg.table_path("silver", cfg.silver_table)
 
-    return run_job(cfg, "gold", body, [t.query for t in tables if not only or t.key in only])
+    def preflight(selected):
+        if "silver" not in selected and not (Path(silver_path) / "_delta_log").is_dir():
+            raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
+
+    def flow(spec):
+        return Flow(spec.query, "gold", lambda spark: start_table(spark, cfg, spec, suites))
+
+    return Layer("gold", "silver", tuple(flow(spec) for spec in chosen), preflight=preflight,
+                 prepare=lambda spark: prepare_gold(spark, cfg, chosen),
+                 describe=f"silver.{cfg.silver_table} -> {', '.join(f'gold.{t.table}' for t in chosen)}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import layer_main
+
+    sys.exit(layer_main("gold"))

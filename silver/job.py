@@ -10,21 +10,18 @@ ops.batch_accounting idempotently (a replayed batch writes nothing twice).
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
 from pyspark.sql import functions as F
 
 from common import accounting
-from common.config import ConfigError, load_config
 from common.delta import ensure_table, idempotent_append
 from common.lineage import batch_lineage, checkpoint_query_id
 from common.quality import QualityGate, SuiteError, check, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
-from common.streaming import (GracefulStop, JobError, add_trigger_args, apply_trigger_args,
-                              await_queries, fail, run_job, trigger)
+from common.streaming import JobError, trigger
+from pipeline.flow import Flow, Layer
 from silver import transform as T
 from silver.locations import ensure_seeded
 
@@ -174,28 +171,20 @@ def silver_suite(cfg):
     return suites[name]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="silver.job", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_trigger_args(parser)
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(env=apply_trigger_args(args, os.environ))
-        suite = silver_suite(cfg)
-    except (ConfigError, SuiteError) as e:
-        return fail(str(e))
-    stop = GracefulStop()
-    stop.install()
-    def body(spark):
-        query = start(spark, cfg, suite)
-        print(f"silver: bronze.events -> silver.{cfg.silver_table} ({cfg.streaming.trigger}, "
-              f"profile {cfg.profile.name})", flush=True)
-        await_queries([query], stop)
-        n = spark.read.format("delta").load(cfg.table_path("silver", cfg.silver_table)).count()
-        print(f"silver: done; silver.{cfg.silver_table} holds {n} rows", flush=True)
+def layer(cfg) -> Layer:
+    suite = silver_suite(cfg)       # a bad suite fails here, before Spark starts
+    bronze_path = cfg.table_path("bronze", "events")
 
-    return run_job(cfg, "silver", body, [QUERY])
+    def preflight(selected):
+        if "bronze" not in selected and not (Path(bronze_path) / "_delta_log").is_dir():
+            raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
+
+    return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start(spark, cfg, suite)),),
+                 preflight=preflight, prepare=lambda spark: ensure_tables(spark, cfg),
+                 describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import layer_main
+
+    sys.exit(layer_main("silver"))

@@ -11,7 +11,7 @@ import sys
 from common.config import ConfigError, load_config
 from common.delta import ensure_table
 from common.lineage import PIPELINE, to_user_metadata
-from common.streaming import JobError, fail, run_job
+from common.streaming import JobError, fail
 
 def schema(cfg) -> str:
     dim = cfg.profile.dimension
@@ -66,11 +66,17 @@ def main(argv=None) -> int:
         return fail(str(e))
     from pathlib import Path
 
-    def body(spark):
-        n = seed(spark, cfg, Path(args.csv) if args.csv else None)
-        print(f"silver.{cfg.profile.dimension.table}: {n} rows")
+    from common.spark import build_spark
 
-    return run_job(cfg, "seed-locations", body)
+    spark = build_spark(cfg, "seed-locations")
+    try:
+        n = seed(spark, cfg, Path(args.csv) if args.csv else None)
+    except JobError as e:
+        return fail(str(e))
+    finally:
+        spark.stop()
+    print(f"silver.{cfg.profile.dimension.table}: {n} rows")
+    return 0
 
 
 if __name__ == "__main__":

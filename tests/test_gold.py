@@ -26,7 +26,8 @@ from pyspark.sql.types import TimestampType
 from common.config import TABLES as ALL_TABLES
 from common.config import load_config
 from common.quality import load_suites
-from common.streaming import JobError, batch_watermark_ms
+from common.lineage import batch_watermark_ms
+from common.streaming import JobError
 from gold import sessions as S
 from gold.job import TABLES, GoldBatch, start
 

@@ -123,12 +123,15 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
     from common.streaming import CheckpointLocks
 
     repo = __import__("pathlib").Path(__file__).resolve().parent.parent
+    # One layer alone, and the whole pipeline (which holds every layer's checkpoints), are both
+    # refused before Spark starts.
     with CheckpointLocks(cfg, ["silver"]):
-        proc = subprocess.run([sys.executable, "-m", "silver.job"], cwd=repo, env=env,
-                              capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert f"in use by pid {os.getpid()}" in proc.stderr and "another instance" in proc.stderr
-    assert "SparkSession" not in proc.stderr              # refused before Spark started
+        for cmd in (["silver.job"], ["pipeline"], ["pipeline", "--layer", "silver"]):
+            proc = subprocess.run([sys.executable, "-m", *cmd], cwd=repo, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 2, (cmd, proc.stderr)
+            assert f"in use by pid {os.getpid()}" in proc.stderr and "another instance" in proc.stderr
+            assert "SparkSession" not in proc.stderr and "log4j" not in proc.stderr  # before Spark
 
     # a holder killed with -9 leaves no stale lock behind
     holder = subprocess.Popen([sys.executable, "-c",

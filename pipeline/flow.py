@@ -1,0 +1,42 @@
+"""What a layer declares: its flows (one streaming query each) and the checks and tables around them.
+
+A flow knows how to start its query on a session and, optionally, how to recover from a failure
+of that query (bronze's Kafka source waits for the broker and restarts from the checkpoint).
+The runner does everything else: locks, session, pools, signals, stopping, failure policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+ORDER = ("bronze", "silver", "gold")
+
+
+class Recovery:
+    """A flow's answer to a failure of its query: `resume` returns a new query or raises.
+    One instance per run of the flow, so it may keep state (e.g. when an outage began)."""
+
+    def resume(self, spark, error, query, stop):  # pragma: no cover - interface
+        raise error
+
+
+@dataclass(frozen=True)
+class Flow:
+    name: str                                   # the streaming query's name and checkpoint name
+    layer: str
+    start: Callable                             # start(spark) -> StreamingQuery
+    recovery: Optional[Callable[[], Recovery]] = None
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    reads: Optional[str]                        # the layer whose table it reads (None: outside)
+    flows: tuple[Flow, ...]
+    preflight: Callable = lambda selected: None  # before Spark starts; raises JobError
+    prepare: Callable = lambda spark: None      # create its tables (idempotent)
+    describe: str = ""                          # "<source> -> <sink>" for the start line
+
+    @property
+    def queries(self) -> list[str]:
+        return [f.name for f in self.flows]

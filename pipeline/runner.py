@@ -1,0 +1,230 @@
+"""One run of the pipeline: the selected layers' flows as streaming queries of one Spark application.
+
+available-now: layer after layer (bronze, then silver, then gold), each layer's flows at once; a
+layer starts when the one it reads has committed everything, so it sees all of it.
+processing-time: every flow at once, each in its layer's FAIR pool, until SIGINT/SIGTERM.
+
+Failure policy, per flow:
+- the flow's own recovery first (bronze's Kafka query restarts once the broker answers);
+- a `fail` expectation stops the flow's layer and every layer reading from it; the layers above
+  keep running; the run exits 1 naming the query and the expectation;
+- any other failure stops every flow (between micro-batches) and the run exits 1 naming the query;
+- a problem the user can fix before anything runs (no landing folder, no upstream table, a
+  checkpoint held by another process) exits 2 before Spark starts.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+
+from pipeline.flow import ORDER, Flow, Layer
+
+POLL_S = 0.5
+
+
+class FlowRun:
+    """One flow's query on its own thread: start, await, recover, stop between batches."""
+
+    def __init__(self, spark, flow: Flow, done: queue.Queue, stop_all: threading.Event):
+        self.spark, self.flow, self.done, self.stop_all = spark, flow, done, stop_all
+        self.stop = threading.Event()           # this flow only (a failed upstream, a quality stop)
+        self.error: BaseException | None = None
+        self.query = None
+        self.thread = threading.Thread(target=self._run, name=f"flow-{flow.name}", daemon=True)
+
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or self.stop_all.is_set()
+
+    def _run(self) -> None:
+        from common.streaming import stop_between_batches
+
+        try:
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.flow.layer)
+            self.query = self.flow.start(self.spark)
+            recovery = self.flow.recovery() if self.flow.recovery else None
+            while True:
+                try:
+                    while self.query.isActive:
+                        self.query.awaitTermination(POLL_S)
+                        if self._stopping():
+                            stop_between_batches(self.query)
+                    self.query.awaitTermination()      # raises if it failed
+                    return
+                except Exception as e:
+                    if recovery is None or self._stopping() or _quality_failure(self.flow.name, e):
+                        raise
+                    self.query = recovery.resume(self.spark, e, self.query, self)
+                    if self.query is None:
+                        return
+        except BaseException as e:   # noqa: BLE001 - handed to the runner, which decides
+            self.error = e
+            if self.query is not None and self.query.isActive:
+                self.query.stop()
+        finally:
+            self.done.put(self)
+
+
+def _quality_failure(query: str, error: BaseException):
+    from common.quality import take_failure
+
+    return take_failure(query, peek=True)
+
+
+def downstream(layers: list[Layer], name: str) -> set[str]:
+    """The layer and every selected layer that reads from it, directly or not."""
+    hit = {name}
+    for layer in layers:                 # layers are in ORDER, so one pass follows the chain
+        if layer.reads in hit:
+            hit.add(layer.name)
+    return hit
+
+
+class Runner:
+    def __init__(self, cfg, layers: list[Layer], spark=None, log=print):
+        self.cfg, self.layers, self.log = cfg, layers, log
+        self.spark, self._own_spark = spark, spark is None
+        self.stop_all = threading.Event()
+        self.failures: list[tuple[str, int]] = []      # (message, exit code)
+
+    # --- signals: one handler for the whole application ---
+    def request_stop(self, signum=None, _frame=None) -> None:
+        import signal
+
+        if self.stop_all.is_set():     # a second signal: stop now, the checkpoints keep us safe
+            raise KeyboardInterrupt
+        name = signal.Signals(signum).name if signum else "stop"
+        self.log(f"pipeline: {name}: stopping every query after its current micro-batch", flush=True)
+        self.stop_all.set()
+
+    def install_signals(self) -> None:
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.request_stop)
+
+    # --- the run ---
+    def run(self) -> int:
+        from common.streaming import CheckpointLocks, JobError
+
+        try:
+            selected = {layer.name for layer in self.layers}
+            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]):
+                for layer in self.layers:
+                    layer.preflight(selected)
+                return self._run_locked()
+        except JobError as e:
+            self.log(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
+
+    def _run_locked(self) -> int:
+        from common.progress import ProgressRecorder
+        from common.spark import build_spark
+
+        if self.spark is None:
+            names = "+".join(layer.name for layer in self.layers)
+            self.spark = build_spark(self.cfg, f"{self.cfg.spark.app_name}:{names}")
+        recorder = ProgressRecorder(self.spark, self.cfg, log=self.log)
+        self.spark.streams.addListener(recorder)
+        try:
+            if self.cfg.streaming.trigger == "available-now":
+                self._available_now()
+            else:
+                self._continuous()
+        finally:
+            try:
+                recorder.close()
+                self.spark.streams.removeListener(recorder)
+            finally:
+                if self._own_spark:
+                    self.spark.stop()
+        for line, _ in self.failures:
+            self.log(f"error: {line}", file=sys.stderr, flush=True)
+        return max((code for _, code in self.failures), default=0)
+
+    def _start(self, layers: list[Layer], done: queue.Queue) -> list[FlowRun]:
+        runs = []
+        for layer in layers:
+            for flow in layer.flows:
+                run = FlowRun(self.spark, flow, done, self.stop_all)
+                run.thread.start()
+                runs.append(run)
+            self.log(f"{layer.name}: {layer.describe} ({self.cfg.streaming.trigger})", flush=True)
+        return runs
+
+    def _available_now(self) -> None:
+        for layer in self.layers:
+            if self.stop_all.is_set():
+                return
+            layer.prepare(self.spark)
+            done: queue.Queue = queue.Queue()
+            started = time.monotonic()
+            runs = self._start([layer], done)
+            self._supervise(runs, done)
+            if self.failures:
+                return
+            rows = sum(p.numInputRows for run in runs for p in (run.query.recentProgress if run.query else []))
+            self.log(f"{layer.name}: done in {time.monotonic() - started:.1f} s, {rows:,} rows read",
+                     flush=True)
+
+    def _continuous(self) -> None:
+        for layer in self.layers:         # in order: each layer's upstream table exists first
+            layer.prepare(self.spark)
+        done: queue.Queue = queue.Queue()
+        runs = self._start(self.layers, done)
+        self._supervise(runs, done)
+        if not self.failures:
+            self.log("pipeline: every query stopped cleanly", flush=True)
+
+    def _supervise(self, runs: list[FlowRun], done: queue.Queue) -> None:
+        """Wait for every flow's thread; apply the failure policy as flows end."""
+        from common.quality import take_failure
+
+        layer_of = {run.flow.name: run.flow.layer for run in runs}
+        left = len(runs)
+        while left:
+            try:
+                run = done.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            left -= 1
+            name = run.flow.name
+            if run.error is None:
+                if self.cfg.streaming.trigger != "available-now" and not (run.stop.is_set() or self.stop_all.is_set()):
+                    self.failures.append((f"query {name} stopped on its own", 1))
+                    self.stop_all.set()
+                continue
+            quality = take_failure(name)
+            if quality is not None:
+                hit = downstream(self.layers, layer_of[name])
+                stopped = ", ".join(layer for layer in ORDER if layer in hit)
+                self.failures.append((f"{quality}\n  stopped: {stopped} ({quality.summary()})", 1))
+                for other in runs:
+                    if other.flow.layer in hit:
+                        other.stop.set()
+            else:
+                self.failures.append((f"query {name} failed: {_describe(run.error)}", _code(run.error)))
+                self.stop_all.set()
+        for run in runs:
+            run.thread.join()
+
+
+def _code(error: BaseException) -> int:
+    """2: something the user can fix (an unreachable broker given up on); 1: a query failed."""
+    from common.streaming import JobError
+
+    return 2 if isinstance(error, JobError) else 1
+
+
+def _describe(error: BaseException) -> str:
+    from common.streaming import JobError, failure_message
+
+    if isinstance(error, JobError):
+        return str(error)
+    if os.environ.get("LAKEHOUSE_DEBUG"):
+        import traceback
+
+        return "".join(traceback.format_exception(error))
+    return failure_message(error)

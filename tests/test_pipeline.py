@@ -1,0 +1,156 @@
+"""The pipeline runner in this process, on the shared session: the failure policy against a
+registry of small real flows (rate source, real checkpoints), and the whole nest pipeline
+(bronze -> silver -> gold) as one application, available-now."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import load_config
+from common.quality import Outcome, Rule, raise_on_failures
+from pipeline.flow import Flow, Layer
+from pipeline.runner import Runner, downstream
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Log:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, *parts, file=None, flush=False):
+        self.lines.append(" ".join(str(p) for p in parts))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def rate_flow(cfg, name: str, layer: str, body=None) -> Flow:
+    """A real streaming query: a rate source into a noop sink, or into `body` per batch."""
+    def start(spark):
+        rows = spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+        writer = (rows.writeStream.queryName(name).option("checkpointLocation", cfg.checkpoint(name))
+                  .trigger(processingTime="1 second"))
+        return (writer.foreachBatch(body) if body else writer.format("noop")).start()
+    return Flow(name, layer, start)
+
+
+def layers_with(cfg, silver_body=None, gold_body=None) -> list[Layer]:
+    return [Layer("bronze", None, (rate_flow(cfg, "t_bronze", "bronze"),)),
+            Layer("silver", "bronze", (rate_flow(cfg, "t_silver", "silver", silver_body),)),
+            Layer("gold", "silver", (rate_flow(cfg, "t_gold_a", "gold"), rate_flow(cfg, "t_gold_b", "gold")))]
+
+
+def active(spark, name: str) -> bool:
+    return any(q.name == name for q in spark.streams.active)
+
+
+def wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def run_in_thread(runner: Runner) -> tuple[threading.Thread, dict]:
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(code=runner.run()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+@pytest.fixture
+def continuous(env):
+    return load_config(env=dict(env, TRIGGER="processing-time"))
+
+
+def test_downstream_follows_the_chain_of_reads(continuous):
+    layers = layers_with(continuous)
+    assert downstream(layers, "silver") == {"silver", "gold"}
+    assert downstream(layers, "bronze") == {"bronze", "silver", "gold"}
+    assert downstream(layers, "gold") == {"gold"}
+
+
+def test_a_fail_expectation_stops_its_layer_and_what_reads_it_upstream_runs_on(spark, continuous):
+    rule = Rule("ids_present", "expect_column_values_to_not_be_null", {"column": "id"}, "fail")
+
+    def gate(df, batch_id):
+        if batch_id >= 1:
+            raise_on_failures([Outcome(rule, False, 10, 3, None)], "t_silver", batch_id, "silver.t")
+
+    log = Log()
+    runner = Runner(continuous, layers_with(continuous, silver_body=gate), spark=spark, log=log)
+    thread, result = run_in_thread(runner)
+    try:
+        wait(lambda: active(spark, "t_gold_a") or "result" in result, 120, "the flows to start")
+        wait(lambda: not active(spark, "t_silver") and not active(spark, "t_gold_a")
+             and not active(spark, "t_gold_b"), 120, "silver and gold to stop")
+        time.sleep(2)
+        assert active(spark, "t_bronze"), log.text()        # upstream keeps ingesting
+        assert thread.is_alive()
+    finally:
+        runner.stop_all.set()
+        thread.join(120)
+    assert result["code"] == 1
+    text = log.text()
+    assert "quality gate failed: query 't_silver', batch 1" in text
+    assert "expectation 'ids_present' failed in batch 1 (policy fail)" in text
+    assert "stopped: silver, gold" in text
+    assert not spark.streams.active
+
+
+def test_any_other_failure_stops_every_query_and_names_the_one_that_failed(spark, continuous):
+    def broken(df, batch_id):
+        if batch_id >= 1:
+            raise RuntimeError("disk on fire")
+
+    log = Log()
+    runner = Runner(continuous, layers_with(continuous, silver_body=broken), spark=spark, log=log)
+    thread, result = run_in_thread(runner)
+    thread.join(240)
+    assert not thread.is_alive() and result["code"] == 1, log.text()
+    text = log.text()
+    assert "query t_silver failed:" in text and "disk on fire" in text
+    assert "every query stopped cleanly" not in text
+    assert not spark.streams.active
+
+
+def test_a_stop_request_stops_every_query_between_batches(spark, continuous):
+    log = Log()
+    runner = Runner(continuous, layers_with(continuous), spark=spark, log=log)
+    thread, result = run_in_thread(runner)
+    wait(lambda: all(active(spark, q) for q in ("t_bronze", "t_silver", "t_gold_a", "t_gold_b")),
+         120, "every flow to start")
+    runner.stop_all.set()
+    thread.join(120)
+    assert result["code"] == 0, log.text()
+    assert "pipeline: every query stopped cleanly" in log.lines
+    assert not spark.streams.active
+
+
+def test_the_pipeline_runs_every_layer_in_one_application(spark, env, cfg):
+    """bronze -> silver -> gold available-now in this process: each layer reads all that the one
+    before committed, and a second run finds nothing new."""
+    from pipeline.cli import main
+
+    gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "400", "--seed", "3",
+                          "--files", "2"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert gen.returncode == 0, gen.stderr
+    assert main([], spark=spark, env=env) == 0
+    read = lambda layer, table: spark.read.format("delta").load(cfg.table_path(layer, table))
+    assert read("bronze", "events").count() > 0
+    silver = read("silver", "camera_events")
+    assert silver.count() == 400
+    for table in ("zip_hourly_sightings", "device_activity", "device_sessions"):
+        assert read("gold", table).count() > 0, table
+    versions = {t: spark.sql(f"DESCRIBE HISTORY delta.`{cfg.table_path('silver', 'camera_events')}`").count()
+                for t in ("silver",)}
+    assert main([], spark=spark, env=env) == 0               # nothing new: nothing appended
+    assert read("silver", "camera_events").count() == 400
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{cfg.table_path('silver', 'camera_events')}`").count() \
+        == versions["silver"]
