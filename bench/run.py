@@ -34,6 +34,8 @@ from bench.latency import file_latencies, summarize
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
 SECTIONS = "abcdef"
+# How the bench runs the pipeline end to end; the one place to point it at another runner.
+RUN_ALL = [sys.executable, "-m", "common.run_all"]
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
 
 
@@ -123,7 +125,7 @@ def generate(env: dict, run_dir: Path, n: int, seed: int, extra=()) -> dict:
 def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) -> dict:
     log(f"(b) make run-all over {events:,} events")
     started_ms = int(time.time() * 1000)
-    wall, marks = run_logged([sys.executable, "-m", "common.run_all"], env, run_dir / "run-all.log",
+    wall, marks = run_logged(RUN_ALL, env, run_dir / "run-all.log",
                              marks=("bronze: done", "silver: done"))
     ends = {"bronze": marks.get("bronze: done"), "silver": marks.get("silver: done"), "gold": wall}
     spans = processing_spans(session, cfg, started_ms)
@@ -163,7 +165,7 @@ def incremental(session, cfg, env, run_dir, manifest: dict, seed: int) -> dict:
     log(f"(c) appending {n:,} events, then incremental run-all and batch recompute")
     generate(gen_env, run_dir, n, seed + 1, ("--span", f"{span:g} seconds", "--files", "2"))
     started_ms = int(time.time() * 1000)
-    inc_wall, _ = run_logged([sys.executable, "-m", "common.run_all"], env, run_dir / "run-all-incremental.log")
+    inc_wall, _ = run_logged(RUN_ALL, env, run_dir / "run-all-incremental.log")
     spans = processing_spans(session, cfg, started_ms)
     out_dir = run_dir / "recompute"
     rec_wall, _ = run_logged([sys.executable, "-m", "bench.recompute", "--out", str(out_dir)], env,
@@ -212,7 +214,7 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
     log(f"(d, e) run-all --trigger processing-time; feeding {feeder.events:,} events at {args.rate:,}/s "
         f"for {args.stream_seconds:g} s, event time spanning {span / 3600:g} h")
     log_file = open(run_dir / "run-all-stream.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "common.run_all", "--trigger", "processing-time"],
+    proc = subprocess.Popen([*RUN_ALL, "--trigger", "processing-time"],
                             env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         gold_log = Path(cfg.table_path("gold", GOLD[0])) / "_delta_log"
