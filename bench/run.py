@@ -3,7 +3,8 @@
     python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--stream-seconds 90]
     (make bench BENCH_N=1000000, or make bench N=20000)
 
-  a  engine ceiling: the landing files, raw schema and explode into Spark's noop sink
+  a  engine ceiling: the landing files, raw schema and explode into Spark's noop sink, read
+     both with spark.read.text and with bronze's binaryFile split; the faster is the ceiling
   b  throughput of bronze, silver, gold and of `make run-all` (available-now), events/s,
      end-to-end as a multiple of (a)
   c  after the full run, +1% data: the incremental `make run-all` against a from-scratch batch
@@ -357,7 +358,7 @@ def main(argv=None) -> int:
             if manifest:
                 result["records"] = manifest["records"]
                 if "a" in args.sections:
-                    log("(a) engine ceiling: landing files -> explode -> noop")
+                    log("(a) engine ceiling: landing files -> explode -> noop, by spark.read.text and by binaryFile")
                     from bench.ceiling import measure
                     result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events,
                                                                         cfg.profile))
