@@ -1,4 +1,4 @@
-"""Benchmark: six figures measured in one run on this machine.
+"""Benchmark: seven figures measured in one run on this machine.
 
     python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--stream-seconds 90]
     (make bench BENCH_N=1000000, or make bench N=20000)
@@ -12,8 +12,12 @@
   d  landing -> gold latency, p50/p95, with processing-time triggers and a steady feed
   e  gold state rows over a stream whose event time spans 10x the gold watermark
   f  the quality gate's share of silver batch time (ops.batch_accounting.quality_ms)
+  g  the same three layers as plain Structured Streaming (bench/baseline.py: one session,
+     available-now, append, no gates/accounting/lineage/MERGE) on its own fresh lakehouse over
+     the same landing files, run after (b); `make run-all`'s wall over the baseline's wall
 
-d and e come from the same streaming run (fresh lakehouse); a, b, c and f share the first one.
+d and e come from the same streaming run (fresh lakehouse); a, b, c, f and g read the first
+one's landing files (g runs before c appends to them).
 Results: bench-results/bench-<time>-<N>.json and .md; the summary line is printed last.
 """
 from __future__ import annotations
@@ -34,7 +38,7 @@ from bench.latency import file_latencies, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
-SECTIONS = "abcdef"
+SECTIONS = "abcdefg"
 # How the bench runs the pipeline end to end; the one place to point it at another runner.
 RUN_ALL = [sys.executable, "-m", "common.run_all"]
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
@@ -126,8 +130,10 @@ def generate(env: dict, run_dir: Path, n: int, seed: int, extra=()) -> dict:
 def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) -> dict:
     log(f"(b) make run-all over {events:,} events")
     started_ms = int(time.time() * 1000)
+    load_before = os.getloadavg()[0]
     wall, marks = run_logged(RUN_ALL, env, run_dir / "run-all.log",
                              marks=("bronze: done", "silver: done"))
+    load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     ends = {"bronze": marks.get("bronze: done"), "silver": marks.get("silver: done"), "gold": wall}
     spans = processing_spans(session, cfg, started_ms)
     layers, previous = {}, 0.0
@@ -137,7 +143,8 @@ def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) ->
         previous = end
         layers[layer] = {"wall_s": round(w, 1), "events_per_s_wall": round(events / w) if w > 0 else None,
                          "processing_s": p, "events_per_s_processing": round(events / p) if p else None}
-    out = {"layers": layers, "end_to_end_s": round(wall, 1), "end_to_end_events_per_s": round(events / wall)}
+    out = {"layers": layers, "end_to_end_s": round(wall, 1), "end_to_end_events_per_s": round(events / wall),
+           "load_1m": load}
     if ceiling:
         out["end_to_end_vs_ceiling"] = round(out["end_to_end_events_per_s"] / ceiling["events_per_s"], 3)
     return out
@@ -181,6 +188,31 @@ def incremental(session, cfg, env, run_dir, manifest: dict, seed: int) -> dict:
             "incremental_processing_s": inc_proc, "incremental_processing_by_layer": spans,
             "recompute_processing_s": rec_proc, "recompute_by_layer": rec,
             "ratio_processing": round(inc_proc / rec_proc, 3) if rec_proc else None}
+
+
+def baseline(session, cfg, run_dir: Path, events: int, throughput: dict | None) -> dict:
+    """(g) bench/baseline.py in its own process and fresh lakehouse, over the same landing files
+    and reference CSV; its wall includes Python and JVM start-up, as run-all's does."""
+    env = base_env(run_dir / "lakehouse-baseline", LANDING=str(cfg.landing), REFERENCE_DIR=str(cfg.reference))
+    log(f"(g) plain Structured Streaming baseline over the same {events:,} events")
+    load_before = os.getloadavg()[0]
+    wall, _ = run_logged([sys.executable, "-m", "bench.baseline"], env, run_dir / "baseline.log")
+    # The machine may be shared: 1-minute load before and after each of the two runs compared.
+    load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
+    line = next(l for l in (run_dir / "baseline.log").read_text().splitlines() if l.startswith("BASELINE "))
+    out = {"wall_s": round(wall, 1), "events_per_s": round(events / wall),
+           "steps_s": json.loads(line[len("BASELINE "):]), "load_1m": load}
+    # Row counts next to run-all's, read after the clock stopped: both should hold the same events.
+    from common.config import load_config
+    bcfg = load_config(env=env)
+    count = lambda path: session().read.format("delta").load(path).count()  # noqa: E731
+    out["silver_rows"] = count(bcfg.table_path("silver", bcfg.silver_table))
+    if throughput:
+        out["run_all_silver_rows"] = count(cfg.table_path("silver", cfg.silver_table))
+        out["run_all_wall_s"] = throughput["end_to_end_s"]
+        out["run_all_load_1m"] = throughput.get("load_1m")
+        out["run_all_over_baseline"] = round(throughput["end_to_end_s"] / out["wall_s"], 2)
+    return out
 
 
 # --- d, e: a streaming run with a steady feed ----------------------------------------------
@@ -301,9 +333,9 @@ def state(session, cfg, span: dict) -> dict:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f (default 1M)")
+    p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f, g (default 1M)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b (default: all six)")
+    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b,g (default: all seven)")
     p.add_argument("--rate", type=int, default=5000, help="(d, e) feed rate, events/s (default 5000)")
     p.add_argument("--stream-seconds", type=float, default=90, help="(d, e) how long to feed (default 90)")
     p.add_argument("--warmup-seconds", type=float, default=15,
@@ -346,13 +378,13 @@ def main(argv=None) -> int:
         """A failed phase is reported and the others still run (and are still written)."""
         try:
             return fn(*a)
-        except Exception as e:  # noqa: BLE001 - one broken figure must not lose the other five
+        except Exception as e:  # noqa: BLE001 - one broken figure must not lose the other six
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"error in {name}: {errors[name]}", file=sys.stderr, flush=True)
             return None
 
     try:
-        if args.sections & set("abcf"):
+        if args.sections & set("abcfg"):
             log(f"generating {args.events:,} events")
             manifest = phase("generate", generate, env, run_dir, args.events, args.seed)
             if manifest:
@@ -366,6 +398,9 @@ def main(argv=None) -> int:
                     result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
                                                  result.get("ceiling"))
                     result["quality"] = phase("f", quality, session, cfg)
+                if "g" in args.sections:
+                    result["baseline"] = phase("g", baseline, session, cfg, run_dir, args.events,
+                                               result.get("throughput"))
                 if "c" in args.sections and result.get("throughput"):
                     result["incremental"] = phase("c", incremental, session, cfg, env, run_dir, manifest, args.seed)
         if args.sections & set("de"):
@@ -385,7 +420,7 @@ def main(argv=None) -> int:
     base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     base.with_suffix(".md").write_text(summary.markdown(result))
     if not args.keep:
-        for d in ("lakehouse", "lakehouse-stream"):
+        for d in ("lakehouse", "lakehouse-baseline", "lakehouse-stream"):
             shutil.rmtree(run_dir / d, ignore_errors=True)
     print()
     print(summary.text_table(result))

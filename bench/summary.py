@@ -7,6 +7,7 @@ TARGETS = {
     "latency": "p95 <= 5 s",
     "state": "gold state rows flat",
     "quality": "quality <= 15% of silver batch time",
+    "baseline": "run-all <= 1.3x plain Structured Streaming",
 }
 
 
@@ -23,11 +24,13 @@ def verdicts(r: dict) -> dict[str, bool | None]:
     p95 = get("latency", "zip_hourly_sightings", "p95_s")
     flat = get("state", "flat")
     share = get("quality", "silver_share")
+    over = get("baseline", "run_all_over_baseline")
     return {"end_to_end": None if ratio is None else ratio >= 0.5,
             "incremental": None if inc is None else inc <= 0.1,
             "latency": None if p95 is None else p95 <= 5.0,
             "state": flat,
-            "quality": None if share is None else share <= 0.15}
+            "quality": None if share is None else share <= 0.15,
+            "baseline": None if over is None else over <= 1.3}
 
 
 def _mark(v: bool | None) -> str:
@@ -89,6 +92,19 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
         out.append(("(f) quality gate share of silver batch time",
                     f"{q['silver_share']:.1%} ({q['silver_quality_s']} s of {q['silver_batch_s']} s)",
                     f"{TARGETS['quality']}: {_mark(v['quality'])}"))
+    g = r.get("baseline")
+    if g:
+        rows_note = (f"; silver rows {_n(g['silver_rows'])} vs run-all's {_n(g['run_all_silver_rows'])}"
+                     if g.get("run_all_silver_rows") is not None else "")
+        value = f"{_n(g['events_per_s'])} events/s ({g['wall_s']} s wall{rows_note})"
+        if g.get("run_all_over_baseline") is not None:
+            value = f"run-all {g['run_all_wall_s']} s / baseline {g['wall_s']} s = {g['run_all_over_baseline']}x; " + value
+        if g.get("load_1m"):
+            span = lambda l: f"{l[0]} -> {l[1]}" if l else "-"  # noqa: E731
+            value += (f"; 1-min load before -> after: run-all {span(g.get('run_all_load_1m'))}, "
+                      f"baseline {span(g['load_1m'])}")
+        out.append((f"(g) plain Structured Streaming baseline, N = {_n(r['events'])}", value,
+                    f"{TARGETS['baseline']}: {_mark(v['baseline'])}"))
     return out
 
 
@@ -129,4 +145,9 @@ def summary_line(r: dict) -> str:
                  f"{shape} ({_mark(v['state'])})" if s else "state -")
     q = r.get("quality")
     parts.append(f"quality {q['silver_share']:.1%} of silver ({_mark(v['quality'])})" if q else "quality -")
+    g = r.get("baseline")
+    if g and g.get("run_all_over_baseline") is not None:
+        parts.append(f"run-all {g['run_all_over_baseline']}x baseline ({_mark(v['baseline'])})")
+    else:
+        parts.append(f"baseline {g['wall_s']} s, run-all not measured" if g else "baseline -")
     return f"SUMMARY N={r['events']:,}: " + " | ".join(parts)
