@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import summary
+from bench.contention import OtherCpu
 from bench.latency import file_latencies, summarize
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,10 +131,9 @@ def generate(env: dict, run_dir: Path, n: int, seed: int, extra=()) -> dict:
 def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) -> dict:
     log(f"(b) make run-all over {events:,} events")
     started_ms = int(time.time() * 1000)
-    load_before = os.getloadavg()[0]
-    wall, marks = run_logged(RUN_ALL, env, run_dir / "run-all.log",
-                             marks=("bronze: done", "silver: done"))
-    load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
+    with OtherCpu() as other:
+        wall, marks = run_logged(RUN_ALL, env, run_dir / "run-all.log",
+                                 marks=("bronze: done", "silver: done"))
     ends = {"bronze": marks.get("bronze: done"), "silver": marks.get("silver: done"), "gold": wall}
     spans = processing_spans(session, cfg, started_ms)
     layers, previous = {}, 0.0
@@ -144,7 +144,7 @@ def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) ->
         layers[layer] = {"wall_s": round(w, 1), "events_per_s_wall": round(events / w) if w > 0 else None,
                          "processing_s": p, "events_per_s_processing": round(events / p) if p else None}
     out = {"layers": layers, "end_to_end_s": round(wall, 1), "end_to_end_events_per_s": round(events / wall),
-           "load_1m": load}
+           "others_cpu_share": other.share(wall)}
     if ceiling:
         out["end_to_end_vs_ceiling"] = round(out["end_to_end_events_per_s"] / ceiling["events_per_s"], 3)
     return out
@@ -195,13 +195,13 @@ def baseline(session, cfg, run_dir: Path, events: int, throughput: dict | None) 
     and reference CSV; its wall includes Python and JVM start-up, as run-all's does."""
     env = base_env(run_dir / "lakehouse-baseline", LANDING=str(cfg.landing), REFERENCE_DIR=str(cfg.reference))
     log(f"(g) plain Structured Streaming baseline over the same {events:,} events")
-    load_before = os.getloadavg()[0]
-    wall, _ = run_logged([sys.executable, "-m", "bench.baseline"], env, run_dir / "baseline.log")
-    # The machine may be shared: 1-minute load before and after each of the two runs compared.
-    load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
+    with OtherCpu() as other:
+        wall, _ = run_logged([sys.executable, "-m", "bench.baseline"], env, run_dir / "baseline.log")
     line = next(l for l in (run_dir / "baseline.log").read_text().splitlines() if l.startswith("BASELINE "))
     out = {"wall_s": round(wall, 1), "events_per_s": round(events / wall),
-           "steps_s": json.loads(line[len("BASELINE "):]), "load_1m": load}
+           "steps_s": json.loads(line[len("BASELINE "):]),
+           # The machine may be shared: how much of it others took during each of the two runs.
+           "others_cpu_share": other.share(wall)}
     # Row counts next to run-all's, read after the clock stopped: both should hold the same events.
     from common.config import load_config
     bcfg = load_config(env=env)
@@ -210,7 +210,7 @@ def baseline(session, cfg, run_dir: Path, events: int, throughput: dict | None) 
     if throughput:
         out["run_all_silver_rows"] = count(cfg.table_path("silver", cfg.silver_table))
         out["run_all_wall_s"] = throughput["end_to_end_s"]
-        out["run_all_load_1m"] = throughput.get("load_1m")
+        out["run_all_others_cpu_share"] = throughput.get("others_cpu_share")
         out["run_all_over_baseline"] = round(throughput["end_to_end_s"] / out["wall_s"], 2)
     return out
 

@@ -99,10 +99,10 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
         value = f"{_n(g['events_per_s'])} events/s ({g['wall_s']} s wall{rows_note})"
         if g.get("run_all_over_baseline") is not None:
             value = f"run-all {g['run_all_wall_s']} s / baseline {g['wall_s']} s = {g['run_all_over_baseline']}x; " + value
-        if g.get("load_1m"):
-            span = lambda l: f"{l[0]} -> {l[1]}" if l else "-"  # noqa: E731
-            value += (f"; 1-min load before -> after: run-all {span(g.get('run_all_load_1m'))}, "
-                      f"baseline {span(g['load_1m'])}")
+        if g.get("others_cpu_share") is not None:
+            pct = lambda x: "-" if x is None else f"{x:.0%}"  # noqa: E731
+            value += (f"; other processes took {pct(g.get('run_all_others_cpu_share'))} of the CPU "
+                      f"during run-all, {pct(g['others_cpu_share'])} during the baseline")
         out.append((f"(g) plain Structured Streaming baseline, N = {_n(r['events'])}", value,
                     f"{TARGETS['baseline']}: {_mark(v['baseline'])}"))
     return out
