@@ -1,9 +1,10 @@
-"""Benchmark: six figures measured in one run on this machine.
+"""Benchmark: seven figures measured in one run on this machine.
 
     python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--stream-seconds 90]
     (make bench BENCH_N=1000000, or make bench N=20000)
 
-  a  engine ceiling: the landing files, raw schema and explode into Spark's noop sink
+  a  engine ceiling: the landing files, raw schema and explode into Spark's noop sink, read
+     both with spark.read.text and with bronze's binaryFile split; the faster is the ceiling
   b  throughput of bronze, silver, gold and of `make run-all` (available-now), events/s,
      end-to-end as a multiple of (a)
   c  after the full run, +1% data: the incremental `make run-all` against a from-scratch batch
@@ -11,8 +12,12 @@
   d  landing -> gold latency, p50/p95, with processing-time triggers and a steady feed
   e  gold state rows over a stream whose event time spans 10x the gold watermark
   f  the quality gate's share of silver batch time (ops.batch_accounting.quality_ms)
+  g  the same three layers as plain Structured Streaming (bench/baseline.py: one session,
+     available-now, append, no gates/accounting/lineage/MERGE) on its own fresh lakehouse over
+     the same landing files, run after (b); `make run-all`'s wall over the baseline's wall
 
-d and e come from the same streaming run (fresh lakehouse); a, b, c and f share the first one.
+d and e come from the same streaming run (fresh lakehouse); a, b, c, f and g read the first
+one's landing files (g runs before c appends to them).
 Results: bench-results/bench-<time>-<N>.json and .md; the summary line is printed last.
 """
 from __future__ import annotations
@@ -29,11 +34,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import summary
+from bench.contention import OtherCpu
 from bench.latency import file_latencies, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
-SECTIONS = "abcdef"
+SECTIONS = "abcdefg"
+# How the bench runs the pipeline end to end; the one place to point it at another runner.
+RUN_ALL = [sys.executable, "-m", "common.run_all"]
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
 
 
@@ -123,8 +131,9 @@ def generate(env: dict, run_dir: Path, n: int, seed: int, extra=()) -> dict:
 def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) -> dict:
     log(f"(b) make run-all over {events:,} events")
     started_ms = int(time.time() * 1000)
-    wall, marks = run_logged([sys.executable, "-m", "common.run_all"], env, run_dir / "run-all.log",
-                             marks=("bronze: done", "silver: done"))
+    with OtherCpu() as other:
+        wall, marks = run_logged(RUN_ALL, env, run_dir / "run-all.log",
+                                 marks=("bronze: done", "silver: done"))
     ends = {"bronze": marks.get("bronze: done"), "silver": marks.get("silver: done"), "gold": wall}
     spans = processing_spans(session, cfg, started_ms)
     layers, previous = {}, 0.0
@@ -134,7 +143,8 @@ def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) ->
         previous = end
         layers[layer] = {"wall_s": round(w, 1), "events_per_s_wall": round(events / w) if w > 0 else None,
                          "processing_s": p, "events_per_s_processing": round(events / p) if p else None}
-    out = {"layers": layers, "end_to_end_s": round(wall, 1), "end_to_end_events_per_s": round(events / wall)}
+    out = {"layers": layers, "end_to_end_s": round(wall, 1), "end_to_end_events_per_s": round(events / wall),
+           "others_cpu_share": other.share(wall)}
     if ceiling:
         out["end_to_end_vs_ceiling"] = round(out["end_to_end_events_per_s"] / ceiling["events_per_s"], 3)
     return out
@@ -163,7 +173,7 @@ def incremental(session, cfg, env, run_dir, manifest: dict, seed: int) -> dict:
     log(f"(c) appending {n:,} events, then incremental run-all and batch recompute")
     generate(gen_env, run_dir, n, seed + 1, ("--span", f"{span:g} seconds", "--files", "2"))
     started_ms = int(time.time() * 1000)
-    inc_wall, _ = run_logged([sys.executable, "-m", "common.run_all"], env, run_dir / "run-all-incremental.log")
+    inc_wall, _ = run_logged(RUN_ALL, env, run_dir / "run-all-incremental.log")
     spans = processing_spans(session, cfg, started_ms)
     out_dir = run_dir / "recompute"
     rec_wall, _ = run_logged([sys.executable, "-m", "bench.recompute", "--out", str(out_dir)], env,
@@ -178,6 +188,31 @@ def incremental(session, cfg, env, run_dir, manifest: dict, seed: int) -> dict:
             "incremental_processing_s": inc_proc, "incremental_processing_by_layer": spans,
             "recompute_processing_s": rec_proc, "recompute_by_layer": rec,
             "ratio_processing": round(inc_proc / rec_proc, 3) if rec_proc else None}
+
+
+def baseline(session, cfg, run_dir: Path, events: int, throughput: dict | None) -> dict:
+    """(g) bench/baseline.py in its own process and fresh lakehouse, over the same landing files
+    and reference CSV; its wall includes Python and JVM start-up, as run-all's does."""
+    env = base_env(run_dir / "lakehouse-baseline", LANDING=str(cfg.landing), REFERENCE_DIR=str(cfg.reference))
+    log(f"(g) plain Structured Streaming baseline over the same {events:,} events")
+    with OtherCpu() as other:
+        wall, _ = run_logged([sys.executable, "-m", "bench.baseline"], env, run_dir / "baseline.log")
+    line = next(l for l in (run_dir / "baseline.log").read_text().splitlines() if l.startswith("BASELINE "))
+    out = {"wall_s": round(wall, 1), "events_per_s": round(events / wall),
+           "steps_s": json.loads(line[len("BASELINE "):]),
+           # The machine may be shared: how much of it others took during each of the two runs.
+           "others_cpu_share": other.share(wall)}
+    # Row counts next to run-all's, read after the clock stopped: both should hold the same events.
+    from common.config import load_config
+    bcfg = load_config(env=env)
+    count = lambda path: session().read.format("delta").load(path).count()  # noqa: E731
+    out["silver_rows"] = count(bcfg.table_path("silver", bcfg.silver_table))
+    if throughput:
+        out["run_all_silver_rows"] = count(cfg.table_path("silver", cfg.silver_table))
+        out["run_all_wall_s"] = throughput["end_to_end_s"]
+        out["run_all_others_cpu_share"] = throughput.get("others_cpu_share")
+        out["run_all_over_baseline"] = round(throughput["end_to_end_s"] / out["wall_s"], 2)
+    return out
 
 
 # --- d, e: a streaming run with a steady feed ----------------------------------------------
@@ -212,7 +247,7 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
     log(f"(d, e) run-all --trigger processing-time; feeding {feeder.events:,} events at {args.rate:,}/s "
         f"for {args.stream_seconds:g} s, event time spanning {span / 3600:g} h")
     log_file = open(run_dir / "run-all-stream.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "common.run_all", "--trigger", "processing-time"],
+    proc = subprocess.Popen([*RUN_ALL, "--trigger", "processing-time"],
                             env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         gold_log = Path(cfg.table_path("gold", GOLD[0])) / "_delta_log"
@@ -298,9 +333,9 @@ def state(session, cfg, span: dict) -> dict:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f (default 1M)")
+    p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f, g (default 1M)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b (default: all six)")
+    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b,g (default: all seven)")
     p.add_argument("--rate", type=int, default=5000, help="(d, e) feed rate, events/s (default 5000)")
     p.add_argument("--stream-seconds", type=float, default=90, help="(d, e) how long to feed (default 90)")
     p.add_argument("--warmup-seconds", type=float, default=15,
@@ -343,19 +378,19 @@ def main(argv=None) -> int:
         """A failed phase is reported and the others still run (and are still written)."""
         try:
             return fn(*a)
-        except Exception as e:  # noqa: BLE001 - one broken figure must not lose the other five
+        except Exception as e:  # noqa: BLE001 - one broken figure must not lose the other six
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"error in {name}: {errors[name]}", file=sys.stderr, flush=True)
             return None
 
     try:
-        if args.sections & set("abcf"):
+        if args.sections & set("abcfg"):
             log(f"generating {args.events:,} events")
             manifest = phase("generate", generate, env, run_dir, args.events, args.seed)
             if manifest:
                 result["records"] = manifest["records"]
                 if "a" in args.sections:
-                    log("(a) engine ceiling: landing files -> explode -> noop")
+                    log("(a) engine ceiling: landing files -> explode -> noop, by spark.read.text and by binaryFile")
                     from bench.ceiling import measure
                     result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events,
                                                                         cfg.profile))
@@ -363,6 +398,9 @@ def main(argv=None) -> int:
                     result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
                                                  result.get("ceiling"))
                     result["quality"] = phase("f", quality, session, cfg)
+                if "g" in args.sections:
+                    result["baseline"] = phase("g", baseline, session, cfg, run_dir, args.events,
+                                               result.get("throughput"))
                 if "c" in args.sections and result.get("throughput"):
                     result["incremental"] = phase("c", incremental, session, cfg, env, run_dir, manifest, args.seed)
         if args.sections & set("de"):
@@ -382,7 +420,7 @@ def main(argv=None) -> int:
     base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     base.with_suffix(".md").write_text(summary.markdown(result))
     if not args.keep:
-        for d in ("lakehouse", "lakehouse-stream"):
+        for d in ("lakehouse", "lakehouse-baseline", "lakehouse-stream"):
             shutil.rmtree(run_dir / d, ignore_errors=True)
     print()
     print(summary.text_table(result))

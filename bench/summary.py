@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 TARGETS = {
-    "end_to_end": "end-to-end >= 0.5x ceiling",
-    "incremental": "incremental <= 0.1x full recompute",
+    "end_to_end": "end-to-end >= 0.25x ceiling",
+    "incremental": "incremental <= 0.25x batch recompute",
     "latency": "p95 <= 5 s",
     "state": "gold state rows flat",
     "quality": "quality <= 15% of silver batch time",
+    "baseline": "run-all <= 1.3x plain Structured Streaming",
 }
 
 
@@ -23,11 +24,13 @@ def verdicts(r: dict) -> dict[str, bool | None]:
     p95 = get("latency", "zip_hourly_sightings", "p95_s")
     flat = get("state", "flat")
     share = get("quality", "silver_share")
-    return {"end_to_end": None if ratio is None else ratio >= 0.5,
-            "incremental": None if inc is None else inc <= 0.1,
+    over = get("baseline", "run_all_over_baseline")
+    return {"end_to_end": None if ratio is None else ratio >= 0.25,
+            "incremental": None if inc is None else inc <= 0.25,
             "latency": None if p95 is None else p95 <= 5.0,
             "state": flat,
-            "quality": None if share is None else share <= 0.15}
+            "quality": None if share is None else share <= 0.15,
+            "baseline": None if over is None else over <= 1.3}
 
 
 def _mark(v: bool | None) -> str:
@@ -46,8 +49,10 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
     out = []
     c = r.get("ceiling")
     if c:
-        out.append(("(a) engine ceiling: raw files -> explode -> noop",
-                     f"{_n(c['events_per_s'])} events/s ({c['seconds']} s)", "reference"))
+        m = c.get("methods") or {"binary_file": c}   # results from before both methods were measured
+        each = "; ".join(f"{name} {_n(x['events_per_s'])} events/s ({x['seconds']} s)" for name, x in m.items())
+        out.append(("(a) engine ceiling: raw files -> explode -> noop", each,
+                    f"reference: the faster, {c.get('method', 'binary_file')}"))
     t = r.get("throughput")
     if t:
         for layer in ("bronze", "silver", "gold"):
@@ -87,6 +92,19 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
         out.append(("(f) quality gate share of silver batch time",
                     f"{q['silver_share']:.1%} ({q['silver_quality_s']} s of {q['silver_batch_s']} s)",
                     f"{TARGETS['quality']}: {_mark(v['quality'])}"))
+    g = r.get("baseline")
+    if g:
+        rows_note = (f"; silver rows {_n(g['silver_rows'])} vs run-all's {_n(g['run_all_silver_rows'])}"
+                     if g.get("run_all_silver_rows") is not None else "")
+        value = f"{_n(g['events_per_s'])} events/s ({g['wall_s']} s wall{rows_note})"
+        if g.get("run_all_over_baseline") is not None:
+            value = f"run-all {g['run_all_wall_s']} s / baseline {g['wall_s']} s = {g['run_all_over_baseline']}x; " + value
+        if g.get("others_cpu_share") is not None:
+            pct = lambda x: "-" if x is None else f"{x:.0%}"  # noqa: E731
+            value += (f"; other processes took {pct(g.get('run_all_others_cpu_share'))} of the CPU "
+                      f"during run-all, {pct(g['others_cpu_share'])} during the baseline")
+        out.append((f"(g) plain Structured Streaming baseline, N = {_n(r['events'])}", value,
+                    f"{TARGETS['baseline']}: {_mark(v['baseline'])}"))
     return out
 
 
@@ -109,7 +127,7 @@ def summary_line(r: dict) -> str:
     v = verdicts(r)
     parts = []
     c, t = r.get("ceiling"), r.get("throughput")
-    parts.append(f"ceiling {_n(c['events_per_s'])} ev/s" if c else "ceiling -")
+    parts.append(f"ceiling {_n(c['events_per_s'])} ev/s ({c.get('method', 'binary_file')})" if c else "ceiling -")
     parts.append(f"end-to-end {_n(t['end_to_end_events_per_s'])} ev/s = {t.get('end_to_end_vs_ceiling')}x "
                  f"ceiling ({_mark(v['end_to_end'])})" if t else "end-to-end -")
     i = r.get("incremental")
@@ -127,4 +145,9 @@ def summary_line(r: dict) -> str:
                  f"{shape} ({_mark(v['state'])})" if s else "state -")
     q = r.get("quality")
     parts.append(f"quality {q['silver_share']:.1%} of silver ({_mark(v['quality'])})" if q else "quality -")
+    g = r.get("baseline")
+    if g and g.get("run_all_over_baseline") is not None:
+        parts.append(f"run-all {g['run_all_over_baseline']}x baseline ({_mark(v['baseline'])})")
+    else:
+        parts.append(f"baseline {g['wall_s']} s, run-all not measured" if g else "baseline -")
     return f"SUMMARY N={r['events']:,}: " + " | ".join(parts)

@@ -1,0 +1,115 @@
+"""Figure (g): the same bronze -> silver -> gold written as plain Structured Streaming, the way
+a user following the Databricks examples would write it instead of using this project.
+
+    python -m bench.baseline      (LAKEHOUSE_ROOT: a fresh folder; LANDING, REFERENCE_DIR: the bench's)
+
+One SparkSession (common.spark.build_spark: same Delta, jars and Spark conf as the jobs), three
+layers one after another, each available-now into Delta in append mode, awaited before the
+next starts. No quality gates, accounting, lineage or MERGE; malformed lines are just dropped.
+
+  bronze  text files -> one row per line
+  silver  from_json (the profile's raw schema) + explode, typed; event-time watermark and
+          dropDuplicatesWithinWatermark on event_id; stream-static join with device_locations
+  gold    with gold's watermark: the profile's windowed aggregations (nest: hourly sightings per
+          zip, 10-minute activity sliding 5 minutes per device) and session_window sessions
+
+Prints one line `BASELINE {json}` with each layer's seconds and the session build's.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from pyspark.sql import functions as F
+
+from common.config import load_config
+from common.spark import build_spark
+from gold.transform import windowed_aggregate
+from silver.locations import seed
+from silver.transform import explodes_map, join_dimension, raw_schema
+
+
+def run(stream, table: str, cfg, query: str):
+    """Start an available-now append of `stream` into the Delta table at $root/<table>."""
+    return (stream.writeStream.format("delta").outputMode("append")
+            .option("checkpointLocation", str(cfg.root / "_checkpoints" / query))
+            .trigger(availableNow=True).start(str(cfg.root / table)))
+
+
+def events(lines, profile):
+    """JSON lines -> one typed row per element of the explode path, with an event_id."""
+    j = F.from_json("value", raw_schema(profile)).alias("j")
+    df, root = lines.select(j), "j"
+    if profile.explode_path:
+        at = F.col("j." + ".".join(profile.explode_path))
+        df = df.select(F.explode(at).alias("_key", "el") if explodes_map(profile) else F.explode(at).alias("el"))
+        root = "el"
+    typed = df.select(*(F.col(".".join((root, *f.path))).try_cast("string" if f.type == "json" else f.type)
+                        .alias(f.name) for f in profile.fields if f.type != "present"))
+    for name, expression in profile.derived:
+        typed = typed.withColumn(name, F.expr(expression))
+    keys = profile.dedup or [f.name for f in profile.fields if f.type != "present"]
+    return (typed.withColumn("event_time", F.col(profile.event_time))
+            .where(F.col("event_time").isNotNull())
+            .withColumn("event_id", F.sha2(F.concat_ws("|", *(F.col(k).cast("string") for k in keys)), 256)))
+
+
+def main() -> int:
+    started = time.monotonic()
+    cfg = load_config()
+    profile, marks = cfg.profile, {}
+    spark = build_spark(cfg, "bench-baseline")
+    marks["session_s"] = time.monotonic() - started
+
+    t = time.monotonic()
+    lines = spark.readStream.format("text").load(str(cfg.landing))
+    run(lines.select("value", F.current_timestamp().alias("ingest_time")),
+        "bronze/events", cfg, "bronze").awaitTermination()
+    marks["bronze_s"] = time.monotonic() - t
+
+    t = time.monotonic()
+    silver = (events(spark.readStream.format("delta").load(str(cfg.root / "bronze/events")), profile)
+              .withWatermark("event_time", cfg.silver.dedup_watermark.spark())
+              .dropDuplicatesWithinWatermark(["event_id"]))
+    if profile.dimension:
+        seed(spark, cfg)   # the generator's CSV -> silver.<dimension>, as the silver job does
+        static = spark.read.format("delta").load(cfg.table_path("silver", profile.dimension.table))
+        silver = join_dimension(silver, static, profile)   # broadcast left join, sets the flag
+    silver_table = f"silver/{cfg.silver_table}"
+    run(silver, silver_table, cfg, "silver").awaitTermination()
+    marks["silver_s"] = time.monotonic() - t
+
+    t = time.monotonic()
+    def gold_input():
+        return (spark.readStream.format("delta").load(str(cfg.root / silver_table))
+                .withWatermark("event_time", cfg.gold.watermark.spark()))
+    queries = []
+    for agg in profile.aggregations:
+        slide = cfg.duration(agg.slide).spark() if agg.slide else None
+        table = windowed_aggregate(gold_input(), agg.group, cfg.duration(agg.window).spark(), slide,
+                                   agg.measures)
+        queries.append(run(table, f"gold/{agg.table}", cfg, agg.table))
+    if profile.sessions:
+        s = profile.sessions
+        w = F.session_window("event_time", cfg.duration(s.gap).spark())
+        sessions = (gold_input().groupBy(w.alias("session"), s.key)
+                    .agg(F.count(F.lit(1)).alias("events"),
+                         *(F.sum(F.expr(e).cast("long")).alias(m) for m, e in s.measures),
+                         *(F.max_by(c, "event_time").alias(c) for c in s.latest))
+                    .select(F.col("session.start").alias("session_start"),
+                            F.col("session.end").alias("session_end"), "*").drop("session"))
+        queries.append(run(sessions, f"gold/{s.table}", cfg, s.table))
+    for q in queries:   # the gold queries run side by side, as the gold job runs them
+        q.awaitTermination()
+    marks["gold_s"] = time.monotonic() - t
+
+    t = time.monotonic()
+    spark.stop()
+    marks["stop_s"] = time.monotonic() - t
+    print("BASELINE " + json.dumps({k: round(v, 2) for k, v in marks.items()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""How much CPU other processes took while a bench phase ran, on a shared machine.
+
+The load average cannot tell: a phase's own JVMs push it to 3-4 on 2 cores, and the next phase
+starts under that decay. Instead /proc is sampled every second, and CPU time used by processes
+outside this bench's process tree (children, grandchildren, their orphaned JVMs) is summed.
+Processes that start and end between two samples are missed, so it is a lower bound. Linux only;
+elsewhere it reports nothing.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _snapshot() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU ticks so far) for every process."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue   # gone meanwhile
+        out[int(d.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+class OtherCpu:
+    """with OtherCpu() as other: ...; then other.seconds and other.share(wall)."""
+
+    def __init__(self, interval: float = 1.0):
+        self.interval, self.ours, self.seconds = interval, {os.getpid()}, None
+        self._stop, self._thread = threading.Event(), None
+        self._last: dict[int, int] = {}
+        self._ticks = 0
+
+    def _sample(self, first: bool = False) -> None:
+        snap = _snapshot()
+        while True:   # to a fixed point: a child's pid can be lower than its parent's
+            new = {pid for pid, (ppid, _) in snap.items() if ppid in self.ours} - self.ours
+            if not new:
+                break
+            self.ours |= new
+        for pid, (_, ticks) in snap.items():
+            if pid in self.ours:
+                continue
+            # A process first seen after the start ran only during the phase: all its ticks count.
+            self._ticks += 0 if first else ticks - self._last.get(pid, 0)
+            self._last[pid] = ticks
+        for pid in set(self._last) - set(snap):
+            del self._last[pid]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self):
+        if Path("/proc/self/stat").exists():
+            self._sample(first=True)
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+            self.seconds = round(self._ticks / TICK, 1)
+
+    def share(self, wall: float) -> float | None:
+        """Other processes' CPU as a share of the machine's capacity over `wall` seconds."""
+        return None if self.seconds is None or wall <= 0 else round(self.seconds / (wall * os.cpu_count()), 3)
