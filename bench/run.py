@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
 SECTIONS = "abcdefg"
 # How the bench runs the pipeline end to end; the one place to point it at another runner.
-RUN_ALL = [sys.executable, "-m", "common.run_all"]
+RUN_ALL = [sys.executable, "-m", "pipeline"]
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
 
 

@@ -245,7 +245,7 @@ class Session:
         log = self.logs / "drain.log"
         env = dict(self.env, TRIGGER="available-now")
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "common.run_all"], env=env, stdout=out,
+            proc = subprocess.Popen([sys.executable, "-m", "pipeline"], env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 self.outcome.drain_code = proc.wait(self.s.drain_timeout_s)
