@@ -47,6 +47,9 @@ def main(argv=None) -> int:
                         help=f"camera events per landing wave (default {d.events_per_wave})")
     parser.add_argument("--feed-every", type=float, default=d.feed_every_s,
                         help=f"seconds between landing waves (default {d.feed_every_s:g})")
+    parser.add_argument("--mode", choices=["app", "split"], default=d.mode,
+                        help="app (default): kill -9 the one pipeline process; split: each layer runs "
+                             "as its own process and is killed on its own")
     parser.add_argument("--report", type=Path, help="also write the summary as JSON to this file")
     args = parser.parse_args(argv)
 
@@ -55,7 +58,7 @@ def main(argv=None) -> int:
     if root.exists() and any(root.iterdir()):
         print(f"error: {root} is not empty; chaos needs a fresh lakehouse root", file=sys.stderr)
         return 2
-    s = Settings(kills=args.kills, seed=seed, events_per_wave=args.events_per_wave,
+    s = Settings(kills=args.kills, seed=seed, mode=args.mode, events_per_wave=args.events_per_wave,
                  feed_every_s=args.feed_every)
     from chaos.run import job_env
 
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
 def run(cfg, root: Path, s, env: dict) -> dict:
     from chaos.checks import verify
     from chaos.feed import Feeder
-    from chaos.run import Session, run_audit
+    from chaos.run import UNITS, Session, run_audit
 
     print(f"chaos: lakehouse {root}", flush=True)
     feeder = Feeder(cfg, s.seed, s.events_per_wave, s.files_per_wave, s.wave_span_s)
@@ -89,7 +92,8 @@ def run(cfg, root: Path, s, env: dict) -> dict:
                 "unexpected_exits": [], "drain_exit": None, "waves": feeder.expected.waves,
                 "chaos_seconds": None, "checks": [{"name": "kill phase", "ok": False, "detail": str(e)}]}
     summary = {"seed": s.seed, "root": str(root), "kills": [k.as_dict() for k in outcome.kills],
-               "kills_by_layer": {l: sum(k.layer == l for k in outcome.kills) for l in ("bronze", "silver", "gold")},
+               "mode": s.mode,
+               "kills_by_layer": {l: sum(k.layer == l for k in outcome.kills) for l in UNITS[s.mode]},
                "unexpected_exits": outcome.unexpected_exits, "drain_exit": outcome.drain_code,
                "drain_log": outcome.drain_log, "waves": feeder.expected.waves,
                "chaos_seconds": outcome.seconds}

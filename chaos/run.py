@@ -22,6 +22,10 @@ from common.processes import descendants, kill_tree, with_jvm_options
 
 LAYERS = ("bronze", "silver", "gold")
 NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
+# What is killed: the one pipeline process (every layer's queries in one application), or, in
+# the split mode, each layer's own process, as teams that deploy layers apart run them.
+UNITS = {"app": ("pipeline",), "split": LAYERS}
+COMMAND = {"pipeline": ["pipeline"], **{layer: ["pipeline", "--layer", layer] for layer in LAYERS}}
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Settings:
     query_after_s: tuple = (0.0, 15.0)
     batch_after_s: tuple = (0.0, 8.0)
     interval: str = "3 seconds"           # every layer's processing-time trigger
+    mode: str = "app"                     # app: kill the one pipeline process; split: single layers
     driver_memory: str = "1g"
     drain_timeout_s: float = 600.0
     max_kill_phase_s: float = 1200.0      # give up (a job that never gets going) after this long
@@ -66,9 +71,10 @@ def schedule(s: Settings) -> dict[str, list[Kill]]:
     """Each layer's kills, in order: the three layers share the kills about equally and each is
     killed on its own timeline (so the jobs die independently, also at the same time)."""
     rng = Random(s.seed)
-    layers = [LAYERS[i % 3] for i in range(s.kills)]
+    units = UNITS[s.mode]
+    layers = [units[i % len(units)] for i in range(s.kills)]
     rng.shuffle(layers)
-    plan: dict[str, list[Kill]] = {layer: [] for layer in LAYERS}
+    plan: dict[str, list[Kill]] = {layer: [] for layer in units}
     for layer in layers:
         r = rng.random()
         since = "start" if r < s.startup_share else "query" if r < s.startup_share + s.query_share else "batch"
@@ -108,7 +114,9 @@ class Job:
             lines = self.log.read_text(errors="replace").splitlines()
         except FileNotFoundError:
             return
-        if self.query_started is None and any(l.startswith(f"{self.layer}: ") and " -> " in l for l in lines):
+        # "<layer>: <source> -> <sink>": the pipeline process prints one per layer it starts.
+        names = LAYERS if self.layer == "pipeline" else (self.layer,)
+        if self.query_started is None and any(l.split(":")[0] in names and " -> " in l for l in lines):
             self.query_started = time.monotonic()
         n = sum(1 for l in lines if re.match(r"^\S+\s+batch \d+ ", l))
         for i in range(1, n + 1):
@@ -149,7 +157,8 @@ class Session:
         self.logs = root.parent / f"{root.name}-chaos-logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[str, Job] = {}
-        self.runs = dict.fromkeys(LAYERS, 0)
+        self.units = UNITS[s.mode]
+        self.runs = dict.fromkeys(self.units, 0)
         self.outcome = Outcome()
         self.t0 = time.monotonic()
         self.next_feed = self.t0
@@ -161,7 +170,7 @@ class Session:
         self.runs[layer] += 1
         log = self.logs / f"{layer}-{self.runs[layer]:02d}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", f"{layer}.job"], env=self.env, stdout=out,
+            proc = subprocess.Popen([sys.executable, "-m", *COMMAND[layer]], env=self.env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         self.jobs[layer] = Job(layer, proc, log, time.monotonic())
@@ -176,7 +185,7 @@ class Session:
             n = self.feeder.wave()
             self.next_feed += self.s.feed_every_s
             self.say(f"[{self.now():6.1f}s] wave {self.feeder.expected.waves}: {n} records")
-        for layer in LAYERS:
+        for layer in self.units:
             job = self.jobs.get(layer)
             if job is None:
                 if self._ready(layer):

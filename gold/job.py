@@ -19,8 +19,8 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import commit_metadata, ensure_table, idempotent_append
-from common.lineage import batch_lineage, checkpoint_query_id
-from common.quality import QualityGate, SuiteError, check, load_suites
+from common.batch import BatchContext, MicroBatch
+from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.streaming import JobError, trigger
 from pipeline.flow import Flow, Layer
@@ -53,29 +53,26 @@ def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: i
     return int(metrics["num_affected_rows"]) if metrics is not None else 0
 
 
-class GoldBatch:
+class GoldBatch(MicroBatch):
     """foreachBatch body for one gold table."""
 
-    def __init__(self, spark, cfg, spec: GoldTable, gate: QualityGate | None, books):
-        self.spark, self.cfg, self.spec, self.gate, self.books = spark, cfg, spec, gate, books
-        self.path = cfg.table_path("gold", spec.table)
-        self.upstream = f"silver.{cfg.silver_table}"
+    layer = "gold"
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark, cfg, spec = self.spark, self.cfg, self.spec
-        checkpoint = cfg.checkpoint(spec.query)
-        lineage = batch_lineage(checkpoint, spec.query, batch_id, self.upstream)
+    def __init__(self, spark, cfg, spec: GoldTable, gate: QualityGate | None, books):
+        super().__init__(spark, cfg, spec.query, f"silver.{cfg.silver_table}", gate, books)
+        self.spec = spec
+        self.path = cfg.table_path("gold", spec.table)
+
+    def write(self, batch: DataFrame, ctx: BatchContext) -> dict:
+        cfg, spec, lineage = self.cfg, self.spec, ctx.lineage
         watermark = lineage["watermark_ms"]
-        app_id = f"{spec.query}-{checkpoint_query_id(checkpoint)}"
         updates = (T.with_finalized(batch, watermark) if spec.windowed else batch).persist()
         try:
             n = updates.count()
             quality_ms = None
             if self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
-                _, quality_ms = check(self.gate, T.quality_view(live, cfg.profile.dimension), n, spark,
-                                      cfg.table_path("ops", "dq_results"), spec.query, batch_id, app_id,
-                                      lineage)
+                _, quality_ms = self.validate(T.quality_view(live, cfg.profile.dimension), n, ctx)
             session = batch.sparkSession
             with commit_metadata(session, lineage):
                 changed = merge(session, self.path, spec, updates, watermark)
@@ -83,10 +80,10 @@ class GoldBatch:
                 # A MERGE that changes nothing makes no commit, but the audit needs every batch's
                 # lineage (e.g. one whose events were all late): record it in an empty commit.
                 idempotent_append(session.createDataFrame([], updates.schema), self.path,
-                                  f"{app_id}-lineage", batch_id, lineage)
+                                  f"{ctx.app_id}-lineage", ctx.batch_id, lineage)
             if spec.publish and cfg.gold.stats_to_kafka and n:
                 publish_stats(cfg, spec, updates)
-            self.books.record(spec.query, batch_id, rows_written=n, quality_ms=quality_ms)
+            return dict(rows_written=n, quality_ms=quality_ms)
         finally:
             updates.unpersist()
 

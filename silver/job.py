@@ -17,8 +17,8 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.delta import ensure_table, idempotent_append
-from common.lineage import batch_lineage, checkpoint_query_id
-from common.quality import QualityGate, SuiteError, check, load_suites
+from common.batch import BatchContext, MicroBatch
+from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.streaming import JobError, trigger
 from pipeline.flow import Flow, Layer
@@ -55,42 +55,42 @@ def ensure_tables(spark, cfg) -> None:
         ensure_seeded(spark, cfg)
 
 
-class SilverBatch:
+class SilverBatch(MicroBatch):
     """The foreachBatch body. Holds the GX context so it is built once per job, not per batch."""
 
+    layer = "silver"
+
     def __init__(self, spark, cfg, suite, accounting_):
-        self.spark, self.cfg, self.suite, self.accounting = spark, cfg, suite, accounting_
-        self.gate = QualityGate(suite)
+        super().__init__(spark, cfg, QUERY, "bronze.events", QualityGate(suite), accounting_)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
         self.paths = {"events": cfg.table_path("silver", cfg.silver_table),
                       "quarantine": cfg.table_path("silver", "quarantine")}
         if self.dimension:
             self.paths["dimension"] = cfg.table_path("silver", self.dimension)
+        self._dimension_version = None
 
-    def __call__(self, batch, batch_id: int) -> None:
-        spark, cfg = self.spark, self.cfg
-        checkpoint = cfg.checkpoint(QUERY)
-        app_id = f"{QUERY}-{checkpoint_query_id(checkpoint)}"
+    def pinned(self) -> dict:
+        # Pin the dimension's version so the lineage says exactly which one this batch joined.
+        if not self.dimension:
+            return {}
+        self._dimension_version = latest_version(self.spark, self.paths["dimension"])
+        return {f"silver.{self.dimension}": self._dimension_version}
+
+    def write(self, batch, ctx: BatchContext) -> dict:
+        spark, profile, batch_id, lineage = self.spark, self.profile, ctx.batch_id, ctx.lineage
         batch.persist()
         candidates = None
         try:
-            profile = self.profile
-            locations, pinned = None, {}
+            locations = None
             if self.dimension:
-                # Pin the dimension's version so the lineage says exactly which one this batch joined.
-                loc_version = latest_version(spark, self.paths["dimension"])
-                locations = (spark.read.format("delta").option("versionAsOf", loc_version)
+                locations = (spark.read.format("delta").option("versionAsOf", self._dimension_version)
                              .load(self.paths["dimension"]))
-                pinned = {f"silver.{self.dimension}": loc_version}
-            lineage = batch_lineage(checkpoint, QUERY, batch_id, "bronze.events", pinned)
             joined = T.join_dimension(T.accepted(batch), locations, profile)
             candidates = T.to_silver(joined, batch_id, profile).persist()
             n_candidates = candidates.count()
 
-            outcomes, quality_ms = check(self.gate, candidates, n_candidates, spark,
-                                         cfg.table_path("ops", "dq_results"), QUERY, batch_id, app_id,
-                                         lineage)
+            outcomes, quality_ms = self.validate(candidates, n_candidates, ctx)
 
             dq_reasons = _dq_reasons(spark, outcomes)
             good = candidates.join(dq_reasons, "event_id", "left_anti")
@@ -104,14 +104,12 @@ class SilverBatch:
             n_event_rejects = T.rejected(batch).where("parsed").count() if n_rejects else 0
             # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
             if n_candidates > n_dq:
-                idempotent_append(good, self.paths["events"], f"{app_id}-events", batch_id, lineage)
+                idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events", batch_id, lineage)
             if n_rejects or n_dq:
-                idempotent_append(quarantine, self.paths["quarantine"], f"{app_id}-quarantine", batch_id,
-                                  lineage)
-
-            self.accounting.record(QUERY, batch_id, events_written=n_candidates - n_dq,
-                                   events_quarantined=n_event_rejects + n_dq,
-                                   rows_written=n_candidates - n_dq, quality_ms=quality_ms)
+                idempotent_append(quarantine, self.paths["quarantine"], f"{ctx.app_id}-quarantine",
+                                  batch_id, lineage)
+            return dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
+                        rows_written=n_candidates - n_dq, quality_ms=quality_ms)
         finally:
             if candidates is not None:
                 candidates.unpersist()

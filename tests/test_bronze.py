@@ -331,7 +331,7 @@ def test_sigterm_finishes_the_running_batch_and_exits_0(spark, cfg, env, tmp_pat
         pytest.fail(f"no exit within 60 s of SIGTERM:\n{proc.log_path.read_text(errors='replace')[-3000:]}")
     log = proc.log_path.read_text(errors="replace")
     assert code == 0, log[-3000:]
-    assert "bronze: done" in log
+    assert "pipeline: every query stopped cleanly" in log
     committed = batch_ids(checkpoint, "commits")
     assert batch_ids(checkpoint, "offsets") == committed
     # One file per batch: stopping must not wait for the backlog to drain first.

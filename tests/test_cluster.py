@@ -1,7 +1,7 @@
 """The unchanged jobs on a real Spark standalone cluster give the same gold tables as local mode.
 
 A master and two workers (1 core each) run on 127.0.0.1 from the launcher pyspark ships. The same
-generated landing data goes into two lakehouse roots; `python -m common.run_all` (available-now)
+generated landing data goes into two lakehouse roots; `python -m pipeline` (available-now, one application)
 runs once with SPARK_MASTER=spark://127.0.0.1:<port> and once with local[2], side by side, and
 the three gold tables must hold the same rows. The daemons, the executors they fork and the job
 drivers must all be gone afterwards.
@@ -20,7 +20,7 @@ from common.processes import SHORT_LIVED_JVM, kill_tree, processes_using, with_j
 
 REPO = Path(__file__).resolve().parent.parent
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
-APPS = ("bronze", "silver", "gold")
+APPS = ("nest-lakehouse:bronze+silver+gold",)   # the one pipeline application
 RUN_TIMEOUT = 600
 @pytest.fixture
 def cluster(tmp_path):
@@ -41,7 +41,7 @@ def _start_pipeline(env: dict, root: Path, master: str) -> subprocess.Popen:
     assert gen.returncode == 0, gen.stderr
     root.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f"{root.name}-run-all.log", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "common.run_all"], cwd=REPO, env=env,
+        return subprocess.Popen([sys.executable, "-m", "pipeline"], cwd=REPO, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -71,8 +71,8 @@ def test_jobs_on_a_standalone_cluster_match_local_mode(spark, env, tmp_path, clu
         assert code == 0, (f"run-all ({name}) failed with exit {code}:\n"
                            f"{_tail(roots[name].parent / 'lakehouse-run-all.log')}")
 
-    # The three jobs really ran on the cluster: one finished application each, with an executor
-    # on both workers that ran tasks.
+    # The pipeline really ran on the cluster: one finished application for every layer, with an
+    # executor on both workers that ran tasks.
     state = cluster.state()
     assert sorted(a["name"] for a in state["completedapps"]) == sorted(APPS), state["completedapps"]
     assert all(a["state"] == "FINISHED" for a in state["completedapps"]), state["completedapps"]

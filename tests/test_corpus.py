@@ -1,7 +1,7 @@
 """The bad-input corpus (tests/corpus/kinds.yaml) through the real jobs.
 
-Files: the whole corpus lands in one landing folder; `python -m bronze.job` and
-`python -m silver.job` run as subprocesses (exit code 0 = nothing crashed), then the phase-2
+Files: the whole corpus lands in one landing folder; bronze and silver run through the pipeline
+runner in this process (exit code 0 = nothing crashed), then the phase-2
 files land and both run again, a later micro-batch on the same checkpoints. Kafka kinds go to a
 one-partition topic of the session broker and through the same bronze and silver queries,
 in-process. One run covers every kind; each kind is then checked on its own, so a failure names it.
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -88,9 +86,18 @@ def fates(expect: list) -> list[list[str]]:
     return [sorted(norm(f) for f in (line if isinstance(line, list) else [line])) for line in expect]
 
 
-def run(env: dict, module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, "--trigger", "available-now", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+def run(spark, env: dict, layer: str, *args: str) -> SimpleNamespace:
+    """One layer through the pipeline runner, in this process on the shared session: its exit
+    code and what it wrote to stderr (0 = no query crashed on the corpus)."""
+    import contextlib
+    import io
+
+    from pipeline.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["--trigger", "available-now", *args], layer=layer, spark=spark, env=env)
+    return SimpleNamespace(returncode=code, stderr=err.getvalue())
 
 
 def table(spark, cfg, layer: str, name: str):
@@ -151,8 +158,8 @@ def files_run(spark, tmp_path_factory):
                 tmp.write_bytes(kind_bytes(kind))
                 tmp.rename(cfg.landing / f"{kind}.jsonl")
                 phase_of[kind] = phase
-        procs.append((f"bronze phase {phase}", run(env, "bronze.job", "--source", "files")))
-        procs.append((f"silver phase {phase}", run(env, "silver.job")))
+        procs.append((f"bronze phase {phase}", run(spark, env, "bronze", "--source", "files")))
+        procs.append((f"silver phase {phase}", run(spark, env, "silver")))
         accounting_runs.append(sorted(set(accounting_by_batch(spark, cfg)) - before))
     bronze = defaultdict(dict)
     for r in table(spark, cfg, "bronze", "events").selectExpr(

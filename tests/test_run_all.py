@@ -1,7 +1,7 @@
-"""make run-all with processing-time triggers: three job processes, stopped together."""
+"""make run-all with processing-time triggers: one process, every layer's queries in one
+application, stopped together by one signal."""
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -17,7 +17,7 @@ class Run:
     """run-all as a process, its output collected line by line."""
 
     def __init__(self, env: dict):
-        self.proc = subprocess.Popen([sys.executable, "-m", "common.run_all"], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline"], cwd=REPO, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -41,7 +41,7 @@ class Run:
         raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.text()[-4000:]}")
 
 
-def test_continuous_run_all_stops_cleanly_and_a_dying_job_stops_the_rest(spark, env, cfg):
+def test_continuous_run_all_is_one_application_and_a_signal_stops_it_cleanly(spark, env, cfg):
     env = dict(env, TRIGGER="processing-time", TRIGGER_INTERVAL="2 seconds")
     gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "600", "--seed", "4",
                           "--files", "3"], cwd=REPO, env=env, capture_output=True, text=True)
@@ -50,34 +50,33 @@ def test_continuous_run_all_stops_cleanly_and_a_dying_job_stops_the_rest(spark, 
     run = Run(env)
     try:
         for layer in ("bronze", "silver", "gold"):
-            run.wait_for(rf"run-all: started {layer} \(pid \d+\)", 300)
+            run.wait_for(rf"^{layer}: .* -> .*\(processing-time\)", 300)
         # every gold query has run a batch that read the data
         for query in ("gold_zip_hourly_sightings", "gold_device_activity", "gold_device_sessions"):
             run.wait_for(rf"^{query}\s+batch \d+  [1-9][\d,]* rows", 400)
+        # one application: a single JVM below the one Python driver
+        from common.processes import descendants
+
+        jvms = [p for p in descendants(run.proc.pid) if "java" in _cmdline(p)]
+        assert len(jvms) == 1, jvms
         run.proc.send_signal(signal.SIGTERM)
         assert run.proc.wait(240) == 0, run.text()[-4000:]
     finally:
         if run.proc.poll() is None:
             run.proc.kill()
-    assert "run-all: every job stopped cleanly" in run.text()
+    assert "pipeline: every query stopped cleanly" in run.text()
     silver = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
     assert silver == 600
-
-    # Second run on the same checkpoints: gold is killed; run-all stops the others and fails.
-    run = Run(env)
-    try:
-        pid = int(run.wait_for(r"run-all: started gold \(pid (\d+)\)", 300).group(1))
-        os.killpg(pid, signal.SIGKILL)
-        code = run.proc.wait(240)
-    finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
-    assert code != 0
-    assert "run-all: gold stopped on its own (killed by signal 9); stopped the other jobs" in run.text()
     # nothing left running that holds a checkpoint
-    for q in ("bronze_files", "silver"):
-        lock = Path(cfg.checkpoint(q)).with_name(f"{q}.lock")
-        import fcntl
+    import fcntl
 
-        with open(lock, "a+") as f:
+    for q in ("bronze_files", "silver", "gold_device_sessions"):
+        with open(Path(cfg.checkpoint(q)).with_name(f"{q}.lock"), "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
