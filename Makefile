@@ -45,7 +45,7 @@ $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/settings.xml
 	@touch $@
 
 test: setup ## Run the whole test suite (real Spark, Delta and Kafka)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: setup ## Tests that need no Kafka broker
 	$(PY) -m pytest -q -m "not kafka"
