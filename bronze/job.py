@@ -76,9 +76,19 @@ def kafka_stream(spark, cfg):
     return rows_from_kafka(raw)
 
 
+def prepare(spark, cfg) -> str:
+    return ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION)
+
+
 def start(spark, cfg, source: str):
+    """Check the source, create the table and start the query (the runner does the first two once)."""
     preflight(cfg, source)
-    path = ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION)
+    prepare(spark, cfg)
+    return start_query(spark, cfg, source)
+
+
+def start_query(spark, cfg, source: str):
+    path = cfg.table_path("bronze", "events")
     rows = file_stream(spark, cfg) if source == "files" else kafka_stream(spark, cfg)
     name = QUERY_NAME[source]
     # The Delta sink commits each batch with (query id, batch id): after a crash the replayed
@@ -146,7 +156,7 @@ class KafkaRecovery(Recovery):
                 return None
         else:
             raise error
-        query = start(spark, cfg, "kafka")
+        query = start_query(spark, cfg, "kafka")
         print("bronze: Kafka query restarted from its checkpoint", file=sys.stderr, flush=True)
         return query
 
@@ -180,12 +190,11 @@ def _wait_for_broker(cfg, stop: threading.Event, give_up_at: float,
 def layer(cfg) -> Layer:
     source = cfg.bronze.source
     name = QUERY_NAME[source]
-    flow = Flow(name, "bronze", lambda spark: start(spark, cfg, source),
+    flow = Flow(name, "bronze", lambda spark: start_query(spark, cfg, source),
                 recovery=(lambda: KafkaRecovery(cfg)) if source == "kafka" else None)
     return Layer("bronze", None, (flow,),
                  preflight=lambda selected: preflight(cfg, source),
-                 prepare=lambda spark: ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS,
-                                                    BRONZE_PARTITION),
+                 prepare=lambda spark: prepare(spark, cfg),
                  describe=f"{source} -> {cfg.table_path('bronze', 'events')}")
 
 

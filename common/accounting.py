@@ -89,6 +89,7 @@ class Accounting:
         self.spark, self.cfg, self.layer, self.upstream = spark, cfg, layer, upstream
         self.checkpoint, self.from_progress = checkpoint, from_progress
         self.path = ensure_accounting(spark, cfg)
+        self._app_id = None
 
     def record(self, query_name: str, batch_id: int, **written) -> None:
         """Append the batch's row: `written` (foreachBatch's own counts) plus Spark's metrics.
@@ -107,8 +108,9 @@ class Accounting:
                    recorded_at=datetime.now(timezone.utc))
         df = self.spark.createDataFrame([tuple(row[f] for f in BATCH_ACCOUNTING.fieldNames())],
                                         BATCH_ACCOUNTING)
-        app_id = f"accounting-{query_name}-{checkpoint_query_id(self.checkpoint)}"
-        idempotent_append(df, self.path, app_id, batch_id, metadata=self._lineage(query_name, batch_id))
+        if self._app_id is None:      # the checkpoint's id is fixed while the query runs
+            self._app_id = f"accounting-{query_name}-{checkpoint_query_id(self.checkpoint)}"
+        idempotent_append(df, self.path, self._app_id, batch_id, metadata=self._lineage(query_name, batch_id))
 
     def _lineage(self, query_name: str, batch_id: int) -> dict | None:
         """The batch's lineage (the accounting audit needs the upstream prefix of the last batch,

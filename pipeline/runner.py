@@ -39,6 +39,7 @@ class FlowRun:
         return self.stop.is_set() or self.stop_all.is_set()
 
     def _run(self) -> None:
+        from common.quality import take_failure
         from common.streaming import stop_between_batches
 
         try:
@@ -54,7 +55,7 @@ class FlowRun:
                     self.query.awaitTermination()      # raises if it failed
                     return
                 except Exception as e:
-                    if recovery is None or self._stopping() or _quality_failure(self.flow.name, e):
+                    if recovery is None or self._stopping() or take_failure(self.flow.name, peek=True):
                         raise
                     self.query = recovery.resume(self.spark, e, self.query, self)
                     if self.query is None:
@@ -65,12 +66,6 @@ class FlowRun:
                 self.query.stop()
         finally:
             self.done.put(self)
-
-
-def _quality_failure(query: str, error: BaseException):
-    from common.quality import take_failure
-
-    return take_failure(query, peek=True)
 
 
 def downstream(layers: list[Layer], name: str) -> set[str]:

@@ -143,8 +143,13 @@ def start(spark, cfg, suite=None):
     bronze_path = cfg.table_path("bronze", "events")
     if not (Path(bronze_path) / "_delta_log").is_dir():
         raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
-    suite = suite or silver_suite(cfg)
     ensure_tables(spark, cfg)
+    return start_query(spark, cfg, suite or silver_suite(cfg))
+
+
+def start_query(spark, cfg, suite):
+    """The silver query on tables that exist (the runner prepares them once, before)."""
+    bronze_path = cfg.table_path("bronze", "events")
     bronze = (spark.readStream.format("delta")
               .option("maxFilesPerTrigger", cfg.silver.max_files_per_trigger).load(bronze_path))
     parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile)
@@ -152,12 +157,11 @@ def start(spark, cfg, suite=None):
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
     books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts,
                                   upstream="bronze.events")
-    query = (deduped.writeStream.queryName(QUERY)
-             .foreachBatch(SilverBatch(spark, cfg, suite, books))
-             .option("checkpointLocation", cfg.checkpoint(QUERY))
-             .trigger(**trigger(cfg, "silver"))
-             .start())
-    return query
+    return (deduped.writeStream.queryName(QUERY)
+            .foreachBatch(SilverBatch(spark, cfg, suite, books))
+            .option("checkpointLocation", cfg.checkpoint(QUERY))
+            .trigger(**trigger(cfg, "silver"))
+            .start())
 
 
 def silver_suite(cfg):
@@ -177,7 +181,7 @@ def layer(cfg) -> Layer:
         if "bronze" not in selected and not (Path(bronze_path) / "_delta_log").is_dir():
             raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
 
-    return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start(spark, cfg, suite)),),
+    return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite)),),
                  preflight=preflight, prepare=lambda spark: ensure_tables(spark, cfg),
                  describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})")
 
