@@ -38,6 +38,9 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
              set(names) | SILVER_BOOKS_TABLES}
     histories = {n: table_history(spark, paths[n]) for n in names}
     present = set(existing(cfg))
+    if "ops.batch_accounting" in present and "ops.batch_accounting" not in histories:
+        histories["ops.batch_accounting"] = table_history(spark, paths["ops.batch_accounting"])
+    recorded = histories.get("ops.batch_accounting") or []
     silver_path = paths[silver_name]
     report = {"tables": [], "accounting": []}
     for name in names:
@@ -45,25 +48,27 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
         layer, _, table = name.partition(".")
         if layer == "gold":
             spec = BY_TABLE[table]
-            checks = P.check_table(spark, cfg, spec, paths[name], histories[name], silver_path)
+            # Batches that changed nothing in the table have their lineage only in accounting.
+            mine = [v for v in recorded if v.lineage and v.lineage["query"] == spec.query]
+            checks = P.check_table(spark, cfg, spec, paths[name], histories[name], silver_path, mine)
             entry["prefix"] = [c.as_dict() for c in checks]
             entry["prefix_summary"] = _summary(checks)
             if "ops.batch_accounting" in present:
                 report["accounting"].append(B.gold_books(
                     spark, name, spec.query, silver_path, paths["ops.batch_accounting"],
-                    histories[name], _on_time_counter(spark, silver_path, histories[name])).as_dict())
+                    P.batch_lineages(histories[name], mine),
+                    _on_time_counter(spark, silver_path, histories[name], mine)).as_dict())
         report["tables"].append(entry)
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
-        acct = histories.get("ops.batch_accounting") or table_history(spark, paths["ops.batch_accounting"])
-        report["accounting"].insert(0, B.silver_books(spark, cfg, paths, acct).as_dict())
+        report["accounting"].insert(0, B.silver_books(spark, cfg, paths, recorded).as_dict())
     report["failures"] = _failures(report)
     report["ok"] = not report["failures"]
     report["seconds"] = round(time.monotonic() - started, 1)
     return report
 
 
-def _on_time_counter(spark, silver_path, history):
-    batches, _ = P.batches_of(history)
+def _on_time_counter(spark, silver_path, history, recorded):
+    batches, _ = P.batches_of(history, recorded)
     tracked = P.has_row_tracking(spark, silver_path)
     return lambda upstream: P.on_time_events(
         P.silver_rows(spark, silver_path, upstream, batches, tracked), batches).count()

@@ -74,9 +74,10 @@ def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Ver
 
 
 def gold_books(spark, name: str, query: str, silver_path: str, accounting_path: str,
-               history: list[Version], on_time_count) -> BooksCheck:
-    """`on_time_count(upstream_version)` is the prefix recompute's count of events consumed."""
-    lineage = last_lineage(history, query)
+               lineages: list[dict], on_time_count) -> BooksCheck:
+    """`lineages`: the query's batches in run order (audit.prefix.batch_lineages);
+    `on_time_count(upstream_version)` is the prefix recompute's count of events consumed."""
+    lineage = lineages[-1] if lineages else None
     if lineage is None:
         return BooksCheck(name, "SKIP", note="no micro-batch has written this table yet")
     upstream = lineage["upstream"]["version"]

@@ -53,23 +53,36 @@ class VersionCheck:
         return dict(self.__dict__)
 
 
-def batches_of(history: list[Version]) -> tuple[list[Batch], dict[int, int | None]]:
+def batch_lineages(history: list[Version], recorded: list[Version] = ()) -> list[dict]:
+    """Lineage of every micro-batch of the table's query, in run order. A batch that changed
+    nothing in the table (all its events late, or only a watermark that finalized nothing) made
+    no commit there: its lineage is in `recorded`, the query's ops.batch_accounting commits.
+    Batch ids restart with a new checkpoint, so checkpoints are ordered by their first commit."""
+    found: dict[tuple, dict] = {}
+    first_seen: dict[str, object] = {}
+    for v in [*history, *recorded]:
+        lin = v.lineage
+        if lin is None:
+            continue
+        found.setdefault((lin["query_id"], lin["batch_id"]), lin)
+        seen = first_seen.get(lin["query_id"])
+        first_seen[lin["query_id"]] = v.timestamp if seen is None else min(seen, v.timestamp)
+    return [found[k] for k in sorted(found, key=lambda k: (first_seen[k[0]], k[1]))]
+
+
+def batches_of(history: list[Version], recorded: list[Version] = ()) -> tuple[list[Batch], dict[int, int | None]]:
     """The table's micro-batches, and for each version the batch whose result it should hold
     (None before the first batch). A replayed batch commits again with the same lineage; a commit
     made outside the pipeline holds whatever the batch before it produced."""
-    batches: list[Batch] = []
-    seen: dict[tuple, int] = {}
+    lineages = batch_lineages(history, recorded)
+    index = {(lin["query_id"], lin["batch_id"]): i for i, lin in enumerate(lineages)}
+    batches = [Batch(i, lin["upstream"]["version"], int(lin["watermark_ms"]), int(lin["late_watermark_ms"]))
+               for i, lin in enumerate(lineages)]
     at_version: dict[int, int | None] = {}
     current = None
     for v in history:
-        lin = v.lineage
-        if lin is not None:
-            key = (lin["query_id"], lin["batch_id"])
-            if key not in seen:
-                seen[key] = len(batches)
-                batches.append(Batch(len(batches), lin["upstream"]["version"],
-                                     int(lin["watermark_ms"]), int(lin["late_watermark_ms"])))
-            current = seen[key]
+        if v.lineage is not None:
+            current = index[(v.lineage["query_id"], v.lineage["batch_id"])]
         at_version[v.version] = current
     return batches, at_version
 
@@ -171,9 +184,9 @@ def compare(expected: DataFrame, actual: DataFrame, check: VersionCheck) -> Vers
 
 
 def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
-                silver_path: str) -> list[VersionCheck]:
-    """PASS/FAIL/SKIP for every version of one gold table."""
-    batches, at_version = batches_of(history)
+                silver_path: str, recorded: list[Version] = ()) -> list[VersionCheck]:
+    """PASS/FAIL/SKIP for every version of one gold table (`recorded`: see batch_lineages)."""
+    batches, at_version = batches_of(history, recorded)
     tracked = has_row_tracking(spark, silver_path)
     empty = spark.read.format("delta").load(silver_path).limit(0).withColumn(ROW_VERSION, F.lit(0).cast("long"))
     checks = []

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import commit_metadata, ensure_table, idempotent_append
+from common.delta import commit_metadata, ensure_table
 from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
@@ -69,23 +69,32 @@ class GoldBatch(MicroBatch):
         updates = (T.with_finalized(batch, watermark) if spec.windowed else batch).persist()
         try:
             n = updates.count()
+            session = batch.sparkSession
+            if not n:
+                # No row to gate or MERGE; the batch's lineage is in its accounting commit.
+                if spec.windowed and watermark > lineage["late_watermark_ms"]:
+                    with commit_metadata(session, lineage):
+                        finalize(session, self.path, watermark)
+                return dict(rows_written=0, quality_ms=None)
             quality_ms = None
             if self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
-                _, quality_ms = self.validate(T.quality_view(live, cfg.profile.dimension), n, ctx)
-            session = batch.sparkSession
+                _, quality_ms = self.validate(T.quality_view(live, cfg.profile.dimension), ctx)
             with commit_metadata(session, lineage):
-                changed = merge(session, self.path, spec, updates, watermark)
-            if not changed:
-                # A MERGE that changes nothing makes no commit, but the audit needs every batch's
-                # lineage (e.g. one whose events were all late): record it in an empty commit.
-                idempotent_append(session.createDataFrame([], updates.schema), self.path,
-                                  f"{ctx.app_id}-lineage", ctx.batch_id, lineage)
-            if spec.publish and cfg.gold.stats_to_kafka and n:
+                merge(session, self.path, spec, updates, watermark)
+            if spec.publish and cfg.gold.stats_to_kafka:
                 publish_stats(cfg, spec, updates)
             return dict(rows_written=n, quality_ms=quality_ms)
         finally:
             updates.unpersist()
+
+
+def finalize(spark, path: str, watermark_ms: int) -> None:
+    """Mark final the windows the watermark has passed. Data skipping on window_end keeps it
+    to the files that can hold such windows, and Delta commits nothing when none is left open."""
+    wm = F.timestamp_millis(F.lit(watermark_ms))
+    DeltaTable.forPath(spark, path).update((~F.col("finalized")) & (F.col("window_end") <= wm),
+                                           {"finalized": F.lit(True)})
 
 
 def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
