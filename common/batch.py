@@ -53,7 +53,7 @@ class MicroBatch:
     def write(self, df, ctx: BatchContext) -> dict:   # pragma: no cover - interface
         raise NotImplementedError
 
-    def validate(self, df, count: int, ctx: BatchContext):
+    def validate(self, df, ctx: BatchContext):
         """Run the gate on df, record the results, raise on a `fail` rule: (outcomes, ms)."""
-        return check(self.gate, df, count, self.spark, self.dq_path, self.query, ctx.batch_id,
+        return check(self.gate, df, self.spark, self.dq_path, self.query, ctx.batch_id,
                      ctx.app_id, ctx.lineage)

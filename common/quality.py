@@ -236,11 +236,6 @@ def dq_rows(outcomes: list[Outcome], query: str, batch_id: int, table: str, suit
             for o in outcomes]
 
 
-def vacuous(suite: Suite) -> list[Outcome]:
-    """Outcomes for an empty batch: every expectation holds, without asking GX."""
-    return [Outcome(rule, True, 0, 0, None) for rule in suite.rules]
-
-
 def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_id: int,
                   suite: Suite, app_id: str, metadata: dict | None = None) -> None:
     """One row per expectation per batch into ops.dq_results. A batch stopped by a `fail` rule
@@ -254,16 +249,17 @@ def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_i
     idempotent_append(rows, path, f"{app_id}-{kind}", batch_id, metadata)
 
 
-def check(gate: "QualityGate", df, count: int, spark, path: str, query: str, batch_id: int,
+def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
           app_id: str, metadata: dict | None = None) -> tuple[list[Outcome], int]:
     """Validate a batch, record the results, stop on `fail`. Returns (outcomes, milliseconds).
 
     The milliseconds cover validating and recording the results (a Delta commit per batch):
-    both are what the gate costs each batch, and what an operator would weigh."""
+    both are what the gate costs each batch, and what an operator would weigh. Callers gate only
+    batches with rows: an empty batch has nothing to validate and records nothing."""
     import time
 
     started = time.monotonic()
-    outcomes = gate.validate(df) if count else vacuous(gate.suite)
+    outcomes = gate.validate(df)
     write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata)
     elapsed = int((time.monotonic() - started) * 1000)
     raise_on_failures(outcomes, query, batch_id, gate.suite.table)

@@ -82,30 +82,36 @@ class SilverBatch(MicroBatch):
         batch.persist()
         candidates = None
         try:
-            locations = None
-            if self.dimension:
-                locations = (spark.read.format("delta").option("versionAsOf", self._dimension_version)
-                             .load(self.paths["dimension"]))
-            joined = T.join_dimension(T.accepted(batch), locations, profile)
-            candidates = T.to_silver(joined, batch_id, profile).persist()
-            n_candidates = candidates.count()
-
-            outcomes, quality_ms = self.validate(candidates, n_candidates, ctx)
-
-            dq_reasons = _dq_reasons(spark, outcomes)
-            good = candidates.join(dq_reasons, "event_id", "left_anti")
-            dq_bad = (joined.join(dq_reasons, "event_id")
-                      .withColumn("reasons", F.col("dq_reasons")))
-            quarantine = T.to_quarantine(T.rejected(batch), batch_id, profile).unionByName(
-                T.to_quarantine(dq_bad, batch_id, profile))
-
-            n_dq = dq_bad.count()
-            n_rejects = T.rejected(batch).count()
-            n_event_rejects = T.rejected(batch).where("parsed").count() if n_rejects else 0
-            # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
-            if n_candidates > n_dq:
-                idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events", batch_id, lineage)
+            # One pass over the batch for every count the write needs (it also fills the cache).
+            sizes = batch.agg(F.count(F.lit(1)).alias("rows"),
+                              F.count(F.when(F.size("reasons") > 0, 1)).alias("rejects"),
+                              F.count(F.when((F.size("reasons") > 0) & F.col("parsed"), 1)).alias("event_rejects")
+                              ).first()
+            n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
+            n_candidates, n_dq, quality_ms = 0, 0, None
+            if sizes.rows > n_rejects:
+                locations = None
+                if self.dimension:
+                    locations = (spark.read.format("delta").option("versionAsOf", self._dimension_version)
+                                 .load(self.paths["dimension"]))
+                joined = T.join_dimension(T.accepted(batch), locations, profile)
+                candidates = T.to_silver(joined, batch_id, profile).persist()
+                n_candidates = candidates.count()     # fills the cache the gate reads
+                outcomes, quality_ms = self.validate(candidates, ctx)
+                dq_reasons = _dq_reasons(spark, outcomes)
+                if dq_reasons is not None:
+                    good = candidates.join(dq_reasons, "event_id", "left_anti")
+                    dq_bad = joined.join(dq_reasons, "event_id").withColumn("reasons", F.col("dq_reasons"))
+                    n_dq = dq_bad.count()
+                else:
+                    good, dq_bad = candidates, None
+                # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
+                if n_candidates > n_dq:
+                    idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events", batch_id, lineage)
             if n_rejects or n_dq:
+                quarantine = T.to_quarantine(T.rejected(batch), batch_id, profile)
+                if n_dq:
+                    quarantine = quarantine.unionByName(T.to_quarantine(dq_bad, batch_id, profile))
                 idempotent_append(quarantine, self.paths["quarantine"], f"{ctx.app_id}-quarantine",
                                   batch_id, lineage)
             return dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
@@ -123,8 +129,11 @@ def latest_version(spark, path: str) -> int:
 
 
 def _dq_reasons(spark, outcomes):
+    """event_id -> its quarantine reasons, or None when no quarantine rule flagged a row."""
     pairs = [(eid, f"dq:{o.rule.name}") for o in outcomes if o.rule.policy == "quarantine"
              for eid in o.unexpected_ids if eid is not None]
+    if not pairs:
+        return None
     df = spark.createDataFrame(pairs, "event_id STRING, reason STRING")
     return df.groupBy("event_id").agg(F.sort_array(F.collect_set("reason")).alias("dq_reasons"))
 
