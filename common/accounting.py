@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 from common.config import Config
 from common.delta import ensure_table, idempotent_append
-from common.lineage import batch_lineage, checkpoint_query_id
+from common.lineage import checkpoint_query_id
 from common.schemas import BATCH_ACCOUNTING
 
 _STATE_WRITER = "org.apache.spark.sql.execution.streaming.operators.stateful.StateStoreWriter"
@@ -84,22 +84,23 @@ def running_batch(spark, query_name: str, batch_id: int) -> dict:
 class Accounting:
     """Per-query accounting; foreachBatch calls `record` as its last step."""
 
-    def __init__(self, spark, cfg: Config, layer: str, checkpoint: str, from_progress,
-                 upstream: str | None = None):
-        self.spark, self.cfg, self.layer, self.upstream = spark, cfg, layer, upstream
+    def __init__(self, spark, cfg: Config, layer: str, checkpoint: str, from_progress):
+        self.spark, self.cfg, self.layer = spark, cfg, layer
         self.checkpoint, self.from_progress = checkpoint, from_progress
         self.path = ensure_accounting(spark, cfg)
         self._app_id = None
 
-    def record(self, query_name: str, batch_id: int, **written) -> None:
-        """Append the batch's row: `written` (foreachBatch's own counts) plus Spark's metrics.
-        batch_ms is the trigger up to this point; only the commit-log write comes after it."""
+    def record(self, query_name: str, batch_id: int, lineage: dict | None = None, **written) -> None:
+        """Append the batch's row: `written` (foreachBatch's own counts) plus Spark's metrics,
+        with the batch's lineage as commit metadata (the audit reads the lineage of batches that
+        committed nothing else from here). batch_ms is the trigger up to this point; only the
+        commit-log write comes after it."""
         progress = running_batch(self.spark, query_name, batch_id)
         counts = {**written, **self.from_progress(progress)}
         counts["batch_ms"] = progress["durationMs"]["triggerExecution"]
-        self._write(query_name, batch_id, counts)
+        self._write(query_name, batch_id, counts, lineage)
 
-    def _write(self, query_name: str, batch_id: int, counts: dict) -> None:
+    def _write(self, query_name: str, batch_id: int, counts: dict, lineage: dict | None) -> None:
         unknown = set(counts) - set(BATCH_ACCOUNTING.fieldNames())
         if unknown:
             raise KeyError(f"unknown accounting columns {sorted(unknown)}")
@@ -110,11 +111,4 @@ class Accounting:
                                         BATCH_ACCOUNTING)
         if self._app_id is None:      # the checkpoint's id is fixed while the query runs
             self._app_id = f"accounting-{query_name}-{checkpoint_query_id(self.checkpoint)}"
-        idempotent_append(df, self.path, self._app_id, batch_id, metadata=self._lineage(query_name, batch_id))
-
-    def _lineage(self, query_name: str, batch_id: int) -> dict | None:
-        """The batch's lineage (the accounting audit needs the upstream prefix of the last batch,
-        which may have written nothing else)."""
-        if self.upstream is None:
-            return None
-        return batch_lineage(self.checkpoint, query_name, batch_id, self.upstream)
+        idempotent_append(df, self.path, self._app_id, batch_id, metadata=lineage)

@@ -48,7 +48,7 @@ class MicroBatch:
         lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream, self.pinned())
         ctx = BatchContext(batch_id, self.app_id, lineage)
         counts = self.write(df, ctx)
-        self.books.record(self.query, batch_id, **counts)
+        self.books.record(self.query, batch_id, lineage=lineage, **counts)
 
     def write(self, df, ctx: BatchContext) -> dict:   # pragma: no cover - interface
         raise NotImplementedError

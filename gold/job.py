@@ -143,8 +143,7 @@ def start_table(spark, cfg, spec: GoldTable, suites: dict):
               .observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows_in")))
     events = T.on_time(silver, cfg.gold.watermark.spark() if cfg.gold.watermark else None)
     suite = suites.get(f"gold.{spec.table}")
-    books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts,
-                                  upstream=f"silver.{cfg.silver_table}")
+    books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts)
     batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)
     return (spec.build(events, cfg).writeStream.queryName(spec.query)
             .outputMode("update")

@@ -164,8 +164,7 @@ def start_query(spark, cfg, suite):
     parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile)
     observed = parsed.observe(METRICS, *T.input_metrics(parsed, cfg.profile))
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
-    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts,
-                                  upstream="bronze.events")
+    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)
     return (deduped.writeStream.queryName(QUERY)
             .foreachBatch(SilverBatch(spark, cfg, suite, books))
             .option("checkpointLocation", cfg.checkpoint(QUERY))
