@@ -57,7 +57,7 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
                 report["accounting"].append(B.gold_books(
                     spark, name, spec.query, silver_path, paths["ops.batch_accounting"],
                     P.batch_lineages(histories[name], mine),
-                    _on_time_counter(spark, silver_path, histories[name], mine)).as_dict())
+                    _on_time_counter(spark, silver_path, histories[name], mine, cfg.gold.watermark)).as_dict())
         report["tables"].append(entry)
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
         report["accounting"].insert(0, B.silver_books(spark, cfg, paths, recorded).as_dict())
@@ -67,11 +67,11 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
     return report
 
 
-def _on_time_counter(spark, silver_path, history, recorded):
+def _on_time_counter(spark, silver_path, history, recorded, watermark):
     batches, _ = P.batches_of(history, recorded)
     tracked = P.has_row_tracking(spark, silver_path)
     return lambda upstream: P.on_time_events(
-        P.silver_rows(spark, silver_path, upstream, batches, tracked), batches).count()
+        P.silver_rows(spark, silver_path, upstream, batches, tracked), batches, watermark).count()
 
 
 def _summary(checks) -> dict:

@@ -1,10 +1,10 @@
 """Prefix integrity of a gold table: every version equals a batch job over the silver prefix
 it consumed.
 
-The stream's result at a version depends on more than the prefix: which micro-batch each
-event arrived in decides whether it was dropped as too late (Spark filters a batch's input
-against the previous batch's watermark) and, for sessions, which id a session was born with;
-the batch's watermark decides what is finalized or closed. All of that is in the commits'
+The stream's result at a version depends on more than the prefix: for sessions, the
+micro-batch each event arrived in decides which id a session was born with, and the batch's
+watermark decides what is finalized or closed (whether an event was too late is a fact of its
+silver row, see gold.transform.late). All of that is in the commits'
 lineage (common/lineage.py), and each silver row's `_metadata.row_commit_version` says which
 silver version added it, hence which batch first read it. The recompute then runs the gold
 transforms the stream runs, in batch, over `silver VERSION AS OF <consumed version>`.
@@ -31,7 +31,6 @@ class Batch:
     index: int                # position among the table's batches, in commit order
     upstream: int | None      # last silver version fully read (None: cut inside a version)
     watermark_ms: int
-    late_watermark_ms: int
 
 
 @dataclass
@@ -76,7 +75,7 @@ def batches_of(history: list[Version], recorded: list[Version] = ()) -> tuple[li
     made outside the pipeline holds whatever the batch before it produced."""
     lineages = batch_lineages(history, recorded)
     index = {(lin["query_id"], lin["batch_id"]): i for i, lin in enumerate(lineages)}
-    batches = [Batch(i, lin["upstream"]["version"], int(lin["watermark_ms"]), int(lin["late_watermark_ms"]))
+    batches = [Batch(i, lin["upstream"]["version"], int(lin["watermark_ms"]))
                for i, lin in enumerate(lineages)]
     at_version: dict[int, int | None] = {}
     current = None
@@ -97,7 +96,7 @@ def _case(column, branches: list[tuple[int, object]]):
 
 
 def with_arrival(silver: DataFrame, batches: list[Batch]) -> DataFrame:
-    """Silver rows with the batch that first read them and that batch's late-row watermark.
+    """Silver rows with the batch that first read them.
     A batch cut inside a silver version is skipped: its rows count as read by the next batch."""
     complete = [b for b in batches if b.upstream is not None and b.upstream >= 0]
     firsts, last_bound = [], -1
@@ -106,9 +105,7 @@ def with_arrival(silver: DataFrame, batches: list[Batch]) -> DataFrame:
             firsts.append(b)
             last_bound = b.upstream
     rcv = F.col(ROW_VERSION)
-    return (silver.withColumn(ARRIVAL, _case(rcv, [(b.upstream, b.index) for b in firsts]))
-            .withColumn("_late_ms", _case(rcv, [(b.upstream, b.late_watermark_ms) for b in firsts]))
-            .drop(ROW_VERSION))
+    return silver.withColumn(ARRIVAL, _case(rcv, [(b.upstream, b.index) for b in firsts])).drop(ROW_VERSION)
 
 
 def has_row_tracking(spark, path: str) -> bool:
@@ -142,18 +139,11 @@ def silver_rows(spark, silver_path: str, version: int, batches: list[Batch], tra
     return rows.join(first_seen, "event_id", "left")
 
 
-def on_time_events(silver_at_version: DataFrame, batches: list[Batch]) -> DataFrame:
+def on_time_events(silver_at_version: DataFrame, batches: list[Batch], watermark) -> DataFrame:
     # silver_at_version must carry ROW_VERSION (see silver_rows).
-    """What the stream's on_time() let through: rows not behind their batch's late watermark
-    (Spark drops event_time <= watermark), first arrival of each event_id."""
+    """What the stream's on_time() let through (`watermark`: gold's, a Duration or None)."""
     rows = with_arrival(silver_at_version, batches)
-    kept = rows.where(F.col("event_time") > F.timestamp_millis(F.col("_late_ms")))
-    return kept.dropDuplicates(["event_id"]).drop("_late_ms")
-
-
-def late_events(silver_at_version: DataFrame, batches: list[Batch]) -> int:
-    rows = with_arrival(silver_at_version, batches)
-    return rows.where(F.col("event_time") <= F.timestamp_millis(F.col("_late_ms"))).count()
+    return rows if watermark is None else rows.where(~T.late(watermark.seconds))
 
 
 def expected_table(spec: GoldTable, cfg, events: DataFrame, watermark_ms: int) -> DataFrame:
@@ -205,10 +195,10 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
             continue
         if k not in expected_by_batch:
             if batch is None or batch.upstream < 0:
-                events = on_time_events(empty, [])
+                events = on_time_events(empty, [], cfg.gold.watermark)
             else:
                 events = on_time_events(silver_rows(spark, silver_path, batch.upstream, batches, tracked),
-                                        batches)
+                                        batches, cfg.gold.watermark)
             watermark = batch.watermark_ms if batch else 0
             expected_by_batch[k] = expected_table(spec, cfg, events, watermark)
         checks.append(compare(expected_by_batch[k], read_version(spark, path, v.version), check))

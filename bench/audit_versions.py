@@ -24,11 +24,15 @@ DEVICES = [f"cam-{i:04d}" for i in range(1, 9)]
 
 
 def silver_commit(spark, cfg, schema, step: int, per_step: int = 12) -> None:
-    """One silver commit: events in the step's ten minutes, plus every third step an event
-    70 minutes old, which is behind gold's one-hour watermark by then (dropped as late)."""
-    times = [T0 + timedelta(minutes=10 * step, seconds=50 * i) for i in range(per_step)]
+    """One silver commit: events in the step's hour, plus every third step an event 130 minutes
+    old, more than gold's one-hour watermark behind the frontier silver had reached (late).
+    Each step moves the watermark past the previous hour, so the no-data batch after it
+    finalizes that window: two gold versions per silver commit."""
+    times = [T0 + timedelta(minutes=60 * step + 5 * i) for i in range(per_step)]
     if step % 3 == 2:
-        times.append(T0 + timedelta(minutes=10 * step - 70))
+        times.append(T0 + timedelta(minutes=60 * step - 130))
+    # What silver would stamp: the latest event time of the commits before this one.
+    frontier = T0 + timedelta(minutes=60 * (step - 1) + 5 * (per_step - 1)) if step else None
     rows = []
     for i, t in enumerate(times):
         device = DEVICES[(step + i) % len(DEVICES)]
@@ -38,7 +42,7 @@ def silver_commit(spark, cfg, schema, step: int, per_step: int = 12) -> None:
                  start_time=t, end_time=t, duration_seconds=0.0, event_time=t, event_date=t.date(),
                  zip_code=f"9410{i % 4}", unknown_device=False, bronze_source="file",
                  bronze_file_path="file:/landing/bench.json", bronze_line_number=i + 1,
-                 bronze_ingest_time=t, silver_batch_id=step)
+                 bronze_ingest_time=t, silver_batch_id=step, silver_frontier_time=frontier)
         rows.append(tuple(d[f.name] for f in schema.fields))
     (spark.createDataFrame(rows, schema).coalesce(1).write.format("delta").mode("append")
      .save(cfg.table_path("silver", "camera_events")))

@@ -109,8 +109,11 @@ INPUT_METRICS = "gold_input"
 
 
 def progress_counts(progress: dict) -> dict:
-    rows_in = int(accounting.observed(progress, INPUT_METRICS).get("rows_in") or 0)
-    return {"rows_in": rows_in, **accounting.state_drops(progress)}
+    seen = accounting.observed(progress, INPUT_METRICS)
+    # Late events are counted before on_time() drops them; no stateful operator drops any row
+    # in gold (state_drops would count partial aggregates, not events, if one ever did).
+    return {"rows_in": int(seen.get("rows_in") or 0), "late_dropped": int(seen.get("late") or 0),
+            "duplicates_dropped": 0}
 
 
 def prepare_gold(spark, cfg, specs) -> None:
@@ -138,10 +141,12 @@ def prepare_gold(spark, cfg, specs) -> None:
 def start_table(spark, cfg, spec: GoldTable, suites: dict):
     """Start one gold table's query (each batch records its own accounting row)."""
     silver_path = cfg.table_path("silver", cfg.silver_table)
+    wm = cfg.gold.watermark
+    late = F.count(F.when(T.late(wm.seconds), 1)) if wm is not None else F.count(F.lit(None))
     silver = (spark.readStream.format("delta")
               .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path)
-              .observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows_in")))
-    events = T.on_time(silver, cfg.gold.watermark.spark() if cfg.gold.watermark else None)
+              .observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows_in"), late.alias("late")))
+    events = T.on_time(silver, wm)
     suite = suites.get(f"gold.{spec.table}")
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts)
     batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)

@@ -1,22 +1,32 @@
 """Gold transforms over silver.camera_events. Pure DataFrame functions, batch or streaming."""
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from silver.transform import FRONTIER
 
-def on_time(events: DataFrame, watermark: str | None) -> DataFrame:
-    """Attach the event-time watermark and drop events behind it.
 
-    Dedup on event_id is a no-op on silver (already unique) but makes this the first stateful
-    operator: it drops late *events* and counts them (numRowsDroppedByWatermark) in event units.
-    An aggregation would count late partial-aggregate rows instead. Events at or after the
-    watermark always fall in windows ending after it, so the aggregations drop nothing more.
-    """
+def late(delay_seconds: float) -> Column:
+    """An event more than `delay` behind the event-time frontier silver had reached when it
+    arrived (silver's FRONTIER column). Decided from the row alone: counting late events keeps
+    no per-event state, and whether an event is late does not depend on how gold's
+    micro-batches were cut."""
+    threshold = F.col(FRONTIER) - F.make_dt_interval(secs=F.lit(delay_seconds))
+    return F.col(FRONTIER).isNotNull() & (F.col("event_time") <= threshold)
+
+
+def on_time(events: DataFrame, watermark) -> DataFrame:
+    """Drop late events (see `late`) and attach the event-time watermark (`watermark`: a
+    Duration) that finalizes windows and closes sessions.
+
+    Gold's own watermark is its latest event time minus the same delay, which never passes the
+    frontier of rows it has yet to read, so the aggregations drop nothing more: gold's state is
+    its open windows and sessions, and late events are counted in events, by the caller."""
     if watermark is None:
         # No watermark (gold.watermark: null): nothing is ever late and no window is final.
         return events
-    return events.withWatermark("event_time", watermark).dropDuplicatesWithinWatermark(["event_id"])
+    return events.where(~late(watermark.seconds)).withWatermark("event_time", watermark.spark())
 
 
 def windowed_aggregate(events: DataFrame, group, window: str, slide: str | None, measures) -> DataFrame:

@@ -95,7 +95,8 @@ class SilverBatch(MicroBatch):
                     locations = (spark.read.format("delta").option("versionAsOf", self._dimension_version)
                                  .load(self.paths["dimension"]))
                 joined = T.join_dimension(T.accepted(batch), locations, profile)
-                candidates = T.to_silver(joined, batch_id, profile).persist()
+                frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
+                candidates = T.to_silver(joined, batch_id, profile, frontier).persist()
                 n_candidates = candidates.count()     # fills the cache the gate reads
                 outcomes, quality_ms = self.validate(candidates, ctx)
                 dq_reasons = _dq_reasons(spark, outcomes)

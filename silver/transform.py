@@ -313,9 +313,13 @@ def deduplicate(parsed: DataFrame, delay: str, profile: Profile | None = None) -
     its event ids are bronze positions, unique by construction.
     """
     profile = profile or default_profile()
-    if not profile.dedup:
-        return parsed
     ok = F.size("reasons") == 0
+    if not profile.dedup:
+        if not parsed.isStreaming:
+            return parsed
+        # No dedup, but the watermark still tracks the event-time frontier (see FRONTIER).
+        timed = parsed.withColumn("event_time", F.when(ok, F.col("event_time")))
+        return timed.withWatermark("event_time", delay)
     reject_key = F.concat_ws("|", F.lit("reject"), "bronze_source", "bronze_file_path",
                              "bronze_line_number", "bronze_kafka_topic", "bronze_kafka_partition",
                              "bronze_kafka_offset", F.coalesce(F.col(profile.index), F.lit(-1)))
@@ -355,17 +359,34 @@ def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile | N
 join_locations = join_dimension
 
 
+# The latest event_time silver had read before the micro-batch that accepted the row (NULL in
+# its first batch). Lateness downstream is measured against it, so it is a fact of the row,
+# fixed at ingestion: gold counts an event late without keeping any per-event state, and the
+# same event is late or on time however gold's own micro-batches happen to be cut.
+FRONTIER = "silver_frontier_time"
+
+
 def silver_columns(profile: Profile) -> list[str]:
     dim = profile.dimension
     return [*event_columns(profile), "event_date", *((*dim.columns, dim.flag) if dim else ()),
-            *LINEAGE_COLUMNS, "silver_batch_id"]
+            *LINEAGE_COLUMNS, "silver_batch_id", FRONTIER]
 
 
-def to_silver(events: DataFrame, batch_id: int, profile: Profile | None = None) -> DataFrame:
+def frontier_ms(watermark_ms: int, delay_seconds: float) -> int | None:
+    """The frontier of a batch from the watermark it ran with (Spark's watermark is the latest
+    event time of the batches before, minus the delay; 0 before any event)."""
+    return watermark_ms + int(round(delay_seconds * 1000)) if watermark_ms > 0 else None
+
+
+def to_silver(events: DataFrame, batch_id: int, profile: Profile | None = None,
+              frontier: int | None = None) -> DataFrame:
+    """`frontier`: the batch's FRONTIER in epoch ms (see frontier_ms)."""
     profile = profile or default_profile()
     cols = silver_columns(profile)
+    at = F.timestamp_millis(F.lit(frontier)) if frontier is not None else F.lit(None).cast("timestamp")
     return (events.withColumn("event_date", F.to_date("event_time"))
-            .withColumn("silver_batch_id", F.lit(batch_id).cast("long")).select(*cols))
+            .withColumn("silver_batch_id", F.lit(batch_id).cast("long"))
+            .withColumn(FRONTIER, at).select(*cols))
 
 
 def to_quarantine(rows: DataFrame, batch_id: int, profile: Profile | None = None) -> DataFrame:

@@ -83,8 +83,9 @@ def ev(event_id: str, device_id: str, t_ms: int, *, person=False, motion=False, 
                 sound=sound, zip_code=zip_code, unknown=unknown)
 
 
-def silver_rows(spark, events: list[dict], batch_id: int = 0) -> list[tuple]:
+def silver_rows(spark, events: list[dict], batch_id: int = 0, frontier_ms: int | None = None) -> list[tuple]:
     schema = silver_schema(spark)
+    frontier = T0 + timedelta(milliseconds=frontier_ms) if frontier_ms is not None else None
     rows = []
     for e in events:
         t = T0 + timedelta(milliseconds=e["t"])
@@ -95,14 +96,20 @@ def silver_rows(spark, events: list[dict], batch_id: int = 0) -> list[tuple]:
                  event_time=t, event_date=t.date(), zip_code=e["zip_code"],
                  unknown_device=e["unknown"], bronze_source="file",
                  bronze_file_path="file:/landing/test.json", bronze_line_number=1,
-                 bronze_ingest_time=t, silver_batch_id=batch_id)
+                 bronze_ingest_time=t, silver_batch_id=batch_id, silver_frontier_time=frontier)
         rows.append(tuple(d[f.name] for f in schema.fields))
     return rows
 
 
-def append_silver(spark, cfg, events: list[dict], batch_id: int = 0) -> None:
-    """Append events to silver.camera_events as one Delta commit (one gold micro-batch)."""
-    (spark.createDataFrame(silver_rows(spark, events, batch_id), silver_schema(spark))
+def frontier_before(batches: list[list[dict]], i: int) -> int | None:
+    """What silver stamps on batch i's rows: the latest event time of the batches before it."""
+    return max(e["t"] for b in batches[:i] for e in b) if i else None
+
+
+def append_silver(spark, cfg, events: list[dict], batch_id: int = 0, frontier_ms: int | None = None) -> None:
+    """Append events to silver.camera_events as one Delta commit (one gold micro-batch), with
+    silver's frontier (ms since T0) on every row."""
+    (spark.createDataFrame(silver_rows(spark, events, batch_id, frontier_ms), silver_schema(spark))
      .write.format("delta").mode("append").partitionBy("event_date")
      .save(cfg.table_path("silver", "camera_events")))
 
@@ -288,13 +295,24 @@ def windowed(spark, tmp_path_factory):
     batches = windowed_batches()
     runs = []
     for i, events in enumerate(batches):
-        append_silver(spark, cfg, events, batch_id=i)
-        # Every run keeps its no-data batch: Spark filters late events against the watermark
-        # of the previous batch, so the late events are only dropped if a batch ran with the
-        # watermark the first append set before they arrive.
+        append_silver(spark, cfg, events, batch_id=i, frontier_ms=frontier_before(batches, i))
         runs.append(run_gold(spark, cfg))
     yield cfg, batches, runs
     drop_names(spark)
+
+
+def test_gold_state_holds_windows_and_sessions_not_events(spark, windowed):
+    """Late events are counted from silver's frontier, not by a per-event dedup state: after
+    every batch each query's state is its open windows or sessions, no more rows than its table."""
+    cfg, batches, runs = windowed
+    tables = {"sightings": "zip_hourly_sightings", "activity": "device_activity", "sessions": "device_sessions"}
+    for key, table in tables.items():
+        ops = [op for run in runs for p in run[QUERY[key]] for op in p.get("stateOperators") or []]
+        assert ops, key
+        assert not [op for op in ops if "dedupe" in op["operatorName"].lower()], (key, ops)
+        rows = read(spark, cfg, "gold", table).count()
+        peak = max(int(op["numRowsTotal"]) for op in ops)
+        assert 0 < peak <= rows, (key, peak, rows)
 
 
 def test_windowed_aggregates_equal_batch_computation(spark, windowed):
@@ -527,7 +545,7 @@ def sessionized(spark, tmp_path_factory):
     batches = delivery_batches(session_events())
     snapshots, runs = [], []
     for i, events in enumerate(batches):
-        append_silver(spark, cfg, events, batch_id=i)
+        append_silver(spark, cfg, events, batch_id=i, frontier_ms=frontier_before(batches, i))
         runs.append(run_gold(spark, cfg, only={"sessions"}, no_data_batch=i == len(batches) - 1))
         snapshots.append(read(spark, cfg, "gold", "device_sessions").collect())
     yield cfg, batches, snapshots, runs

@@ -226,6 +226,15 @@ def test_an_event_behind_the_watermark_is_dropped_and_counted_late(stream):
     assert totals(stream.books, second)["late_dropped"] == 1
 
 
+def test_rows_carry_the_event_time_frontier_silver_had_reached_before_their_batch(stream):
+    first = [r for r in stream.silver if r.bronze_file_path == stream.files[0]]
+    second = [r for r in stream.silver if r.bronze_file_path == stream.files[1]]
+    assert first and second
+    assert {r.silver_frontier_time for r in first} == {None}          # nothing read before them
+    # The watermark is the latest event time read minus the dedup delay; the frontier adds it back.
+    assert {r.silver_frontier_time for r in second} == {max(r.event_time for r in first)}
+
+
 def test_accounting_adds_up_for_every_batch(stream):
     first, second = stream.runs
     assert first and second and set(first).isdisjoint(second)
