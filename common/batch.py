@@ -53,7 +53,8 @@ class MicroBatch:
     def write(self, df, ctx: BatchContext) -> dict:   # pragma: no cover - interface
         raise NotImplementedError
 
-    def validate(self, df, ctx: BatchContext):
-        """Run the gate on df, record the results, raise on a `fail` rule: (outcomes, ms)."""
+    def validate(self, df, ctx: BatchContext, rows: int | None = None):
+        """Run the gate on df (`rows`: its count, if known), record the results, raise on a
+        `fail` rule: (outcomes, ms)."""
         return check(self.gate, df, self.spark, self.dq_path, self.query, ctx.batch_id,
-                     ctx.app_id, ctx.lineage)
+                     ctx.app_id, ctx.lineage, rows)

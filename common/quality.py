@@ -165,29 +165,73 @@ class QualityGate:
         # caller caches the batch once and releases it after all checks.
         source = self._context.data_sources.add_spark(name=f"lakehouse_{suite.table}", persist=False)
         self._batches = source.add_dataframe_asset(name="batch").add_batch_definition_whole_dataframe("all")
-        self._gx_suite = gx.ExpectationSuite(name=f"{suite.name}:{suite.table}")
-        for rule in suite.rules:
-            self._gx_suite.add_expectation(rule.gx())
+        self._gx_suite = self._gx_suite_of(suite.rules)
+        self._sub_suites: dict[tuple[str, ...], object] = {}
+        # A row-wise (map) expectation without `mostly` succeeds only with no unexpected row, so
+        # its success alone gives its counts: unexpected 0 of the batch's rows.
+        from great_expectations.expectations.expectation import (
+            ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
 
-    def validate(self, df) -> list[Outcome]:
-        result_format = {"result_format": "COMPLETE", "partial_unexpected_count": SAMPLE_ROWS}
-        if self.suite.row_id:
-            result_format["unexpected_index_column_names"] = [self.suite.row_id]
+        row_wise = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
+        self._implied = {rule.name for rule in suite.rules
+                         if isinstance(rule.gx(), row_wise) and "mostly" not in rule.kwargs}
+
+    def _gx_suite_of(self, rules):
+        import great_expectations as gx
+
+        names = ",".join(rule.name for rule in rules)
+        gx_suite = gx.ExpectationSuite(name=f"{self.suite.name}:{self.suite.table}:{names}")
+        for rule in rules:
+            gx_suite.add_expectation(rule.gx())
+        return gx_suite
+
+    def _run(self, batch, rules, result_format: dict) -> dict:
+        key = tuple(rule.name for rule in rules)
+        if key == tuple(rule.name for rule in self.suite.rules):
+            gx_suite = self._gx_suite
+        else:
+            gx_suite = self._sub_suites.get(key) or self._sub_suites.setdefault(key, self._gx_suite_of(rules))
+        by_type = {}
+        for r in batch.validate(gx_suite, result_format=result_format).results:
+            by_type.setdefault(r.expectation_config.type, []).append(r)
+        return {rule.name: _match(by_type.get(rule.expectation, []), rule) for rule in rules}
+
+    def validate(self, df, rows: int | None = None) -> list[Outcome]:
+        """Evaluate the suite on df (cached by the caller; `rows`: its row count, if known).
+
+        GX runs Spark jobs per metric it returns, so the suite runs in as few and as light
+        passes as the outcomes need: first pass/fail for every rule (BOOLEAN_ONLY); then counts
+        (BASIC) only for rules whose success does not imply them (a failure, a `mostly`, an
+        aggregate expectation's observed value), and row ids (COMPLETE) only for quarantine and
+        fail rules that flagged rows. A clean batch pays for the first pass alone."""
         batch = self._batches.get_batch(batch_parameters={"dataframe": df})
-        result = batch.validate(self._gx_suite, result_format=result_format)
-        by_type_kwargs = {}
-        for r in result.results:
-            cfg = r.expectation_config
-            by_type_kwargs.setdefault(cfg.type, []).append(r)
+        found = self._run(batch, self.suite.rules, {"result_format": "BOOLEAN_ONLY"})
+        detail = [rule for rule in self.suite.rules
+                  if not (found[rule.name].success and rule.name in self._implied)]
+        with_ids = [rule for rule in detail if self.suite.row_id and rule.policy in ("quarantine", "fail")]
+        counts = [rule for rule in detail if rule not in with_ids]
+        if counts:
+            found.update(self._run(batch, counts, {"result_format": "BASIC",
+                                                   "partial_unexpected_count": SAMPLE_ROWS}))
+        if with_ids:
+            found.update(self._run(batch, with_ids, {
+                "result_format": "COMPLETE", "partial_unexpected_count": SAMPLE_ROWS,
+                "unexpected_index_column_names": [self.suite.row_id]}))
+        if rows is None and len(detail) < len(self.suite.rules):
+            rows = df.count()
         outcomes = []
         for rule in self.suite.rules:
-            r = _match(by_type_kwargs.get(rule.expectation, []), rule)
-            res = r.result or {}
+            r = found[rule.name]
             if r.exception_info and r.exception_info.get("raised_exception"):
                 raise DataQualityError(f"expectation '{rule.name}' ({rule.expectation}) could not be "
                                        f"evaluated: {r.exception_info.get('exception_message')}")
+            if rule not in detail:
+                outcomes.append(Outcome(rule=rule, success=True, element_count=rows, unexpected_count=0,
+                                        observed_value=None))
+                continue
+            res = r.result or {}
             ids = [d.get(self.suite.row_id) for d in res.get("unexpected_index_list") or []
-                   if isinstance(d, dict)] if self.suite.row_id else []
+                   if isinstance(d, dict)] if rule in with_ids else []
             outcomes.append(Outcome(
                 rule=rule, success=bool(r.success),
                 element_count=res.get("element_count"),
@@ -250,7 +294,7 @@ def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_i
 
 
 def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
-          app_id: str, metadata: dict | None = None) -> tuple[list[Outcome], int]:
+          app_id: str, metadata: dict | None = None, rows: int | None = None) -> tuple[list[Outcome], int]:
     """Validate a batch, record the results, stop on `fail`. Returns (outcomes, milliseconds).
 
     The milliseconds cover validating and recording the results (a Delta commit per batch):
@@ -259,7 +303,7 @@ def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
     import time
 
     started = time.monotonic()
-    outcomes = gate.validate(df)
+    outcomes = gate.validate(df, rows)
     write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata)
     elapsed = int((time.monotonic() - started) * 1000)
     raise_on_failures(outcomes, query, batch_id, gate.suite.table)

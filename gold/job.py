@@ -79,7 +79,8 @@ class GoldBatch(MicroBatch):
             quality_ms = None
             if self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
-                _, quality_ms = self.validate(T.quality_view(live, cfg.profile.dimension), ctx)
+                _, quality_ms = self.validate(T.quality_view(live, cfg.profile.dimension), ctx,
+                                             n if spec.windowed else None)
             with commit_metadata(session, lineage):
                 merge(session, self.path, spec, updates, watermark)
             if spec.publish and cfg.gold.stats_to_kafka:

@@ -98,7 +98,7 @@ class SilverBatch(MicroBatch):
                 frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
                 candidates = T.to_silver(joined, batch_id, profile, frontier).persist()
                 n_candidates = candidates.count()     # fills the cache the gate reads
-                outcomes, quality_ms = self.validate(candidates, ctx)
+                outcomes, quality_ms = self.validate(candidates, ctx, n_candidates)
                 dq_reasons = _dq_reasons(spark, outcomes)
                 if dq_reasons is not None:
                     good = candidates.join(dq_reasons, "event_id", "left_anti")
