@@ -24,6 +24,7 @@ FIELD_TYPES = ("string", "boolean", "long", "double", "timestamp", "json", "pres
 TIME_FORMATS = ("iso", "epoch_seconds", "epoch_millis")
 # Columns silver adds itself; a declared field or derived column may not take these names.
 RESERVED = {"raw", "parsed", "reasons", "event_id", "event_time", "event_date", "silver_batch_id",
+            "silver_frontier_time",
             "batch_id", "quarantined_at", "window_start", "window_end", "finalized"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
