@@ -265,7 +265,9 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
         observed_until = time.time()
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)   # run-all passes it on once to each job
+            # To the driver only: it stops every query after its batch. The JVM in the same group
+            # would run its shutdown hooks at once and abort the batches mid-way.
+            os.kill(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=600)
         except subprocess.TimeoutExpired:
