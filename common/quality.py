@@ -165,8 +165,8 @@ class QualityGate:
         # caller caches the batch once and releases it after all checks.
         source = self._context.data_sources.add_spark(name=f"lakehouse_{suite.table}", persist=False)
         self._batches = source.add_dataframe_asset(name="batch").add_batch_definition_whole_dataframe("all")
-        self._gx_suite = self._gx_suite_of(suite.rules)
-        self._sub_suites: dict[tuple[str, ...], object] = {}
+        # GX suites by the rule names they hold: the whole suite, and the subsets later passes need.
+        self._gx_suites = {tuple(rule.name for rule in suite.rules): self._gx_suite_of(suite.rules)}
         # A row-wise (map) expectation without `mostly` succeeds only with no unexpected row, so
         # its success alone gives its counts: unexpected 0 of the batch's rows.
         from great_expectations.expectations.expectation import (
@@ -187,12 +187,10 @@ class QualityGate:
 
     def _run(self, batch, rules, result_format: dict) -> dict:
         key = tuple(rule.name for rule in rules)
-        if key == tuple(rule.name for rule in self.suite.rules):
-            gx_suite = self._gx_suite
-        else:
-            gx_suite = self._sub_suites.get(key) or self._sub_suites.setdefault(key, self._gx_suite_of(rules))
+        if key not in self._gx_suites:
+            self._gx_suites[key] = self._gx_suite_of(rules)
         by_type = {}
-        for r in batch.validate(gx_suite, result_format=result_format).results:
+        for r in batch.validate(self._gx_suites[key], result_format=result_format).results:
             by_type.setdefault(r.expectation_config.type, []).append(r)
         return {rule.name: _match(by_type.get(rule.expectation, []), rule) for rule in rules}
 

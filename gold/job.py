@@ -143,10 +143,12 @@ def start_table(spark, cfg, spec: GoldTable, suites: dict):
     """Start one gold table's query (each batch records its own accounting row)."""
     silver_path = cfg.table_path("silver", cfg.silver_table)
     wm = cfg.gold.watermark
-    late = F.count(F.when(T.late(wm.seconds), 1)) if wm is not None else F.count(F.lit(None))
+    metrics = [F.count(F.lit(1)).alias("rows_in")]
+    if wm is not None:   # without a watermark nothing is late (progress_counts reads 0)
+        metrics.append(F.count(F.when(T.late(wm.seconds), 1)).alias("late"))
     silver = (spark.readStream.format("delta")
               .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path)
-              .observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows_in"), late.alias("late")))
+              .observe(INPUT_METRICS, *metrics))
     events = T.on_time(silver, wm)
     suite = suites.get(f"gold.{spec.table}")
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts)
