@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timezone
 
 from common.config import Config
-from common.delta import ensure_table, idempotent_append
+from common.delta import ensure_table, idempotent_append, local_frame
 from common.lineage import checkpoint_query_id
 from common.schemas import BATCH_ACCOUNTING
 
@@ -107,8 +107,8 @@ class Accounting:
         row = {f: None for f in BATCH_ACCOUNTING.fieldNames()}
         row.update(counts, layer=self.layer, query=query_name, batch_id=batch_id,
                    recorded_at=datetime.now(timezone.utc))
-        df = self.spark.createDataFrame([tuple(row[f] for f in BATCH_ACCOUNTING.fieldNames())],
-                                        BATCH_ACCOUNTING)
+        df = local_frame(self.spark, [tuple(row[f] for f in BATCH_ACCOUNTING.fieldNames())],
+                         BATCH_ACCOUNTING)
         if self._app_id is None:      # the checkpoint's id is fixed while the query runs
             self._app_id = f"accounting-{query_name}-{checkpoint_query_id(self.checkpoint)}"
         idempotent_append(df, self.path, self._app_id, batch_id, metadata=lineage)

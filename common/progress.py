@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pyspark.sql.streaming import StreamingQueryListener
 
 from common.config import Config
-from common.delta import ensure_table
+from common.delta import ensure_table, local_frame
 from common.schemas import QUERY_PROGRESS
 
 
@@ -130,7 +130,7 @@ class ProgressRecorder(StreamingQueryListener):
         now = datetime.now(timezone.utc)
         fields = QUERY_PROGRESS.fieldNames()
         data = [tuple({**dict.fromkeys(fields), **r, "recorded_at": now}[f] for f in fields) for r in rows]
-        self.spark.createDataFrame(data, QUERY_PROGRESS).write.format("delta").mode("append").save(self.path)
+        local_frame(self.spark, data, QUERY_PROGRESS).write.format("delta").mode("append").save(self.path)
         return len(rows)
 
     def close(self, wait_seconds: float = 5.0) -> None:
