@@ -10,10 +10,11 @@ import signal
 import subprocess
 from pathlib import Path
 
+from common.spark import C1_ONLY
+
 # JVM flags for short-lived job processes on a small machine: C1 only (C2 costs more CPU than
-# it saves in a run of minutes), with a code cache large enough that C1 never fills it and
-# switches the JIT off mid-run.
-SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+# it saves in a run of minutes), whatever their trigger.
+SHORT_LIVED_JVM = C1_ONLY
 
 
 def with_jvm_options(env: dict[str, str], options: str = SHORT_LIVED_JVM) -> dict[str, str]:

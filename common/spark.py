@@ -13,6 +13,18 @@ FAIR_POOLS = Path(__file__).resolve().parent.parent / "conf" / "fairscheduler.xm
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
+# C1 only, with a code cache large enough that C1 never fills it and switches the JIT off mid-run.
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+
+
+def jvm_options(cfg: Config) -> str:
+    """Driver JVM flags: UTC, and the JIT that suits how long the run lasts (conf spark.jit)."""
+    jit = cfg.spark.jit
+    if jit == "auto":
+        jit = "c1" if cfg.streaming.trigger == "available-now" else "tiered"
+    return "-Duser.timezone=UTC" + (f" {C1_ONLY}" if jit == "c1" else "")
+
+
 def spark_conf(cfg: Config) -> dict[str, str]:
     """Spark settings shared by Python sessions and the spark-sql shell."""
     return {
@@ -37,7 +49,7 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # One application runs every layer: each layer's queries in its own FAIR pool.
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": str(FAIR_POOLS),
-        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.driver.extraJavaOptions": jvm_options(cfg),
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
 
