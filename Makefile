@@ -110,7 +110,7 @@ audit: setup ## Audit every table (TABLE=<name> for one): history, prefix integr
 	@$(PY) -m audit $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)
 
 # N and SEED have defaults for `make generate`; chaos takes them only when given on the command line.
-chaos: setup ## kill -9 the pipeline (MODE=split: single layers) at random points while data arrives, then audit (N=kills; SEED)
+chaos: setup ## kill -9 the pipeline (MODE=split: single layers; MODE=mixed: both, one drain) at random points while data arrives, then audit (N=kills; SEED)
 	$(PY) -m chaos --kills $(if $(filter command line,$(origin N)),$(N),10) $(if $(filter command line,$(origin SEED)),--seed $(SEED)) $(if $(MODE),--mode $(MODE))
 
 VERSIONS ?= 50

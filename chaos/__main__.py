@@ -47,9 +47,10 @@ def main(argv=None) -> int:
                         help=f"camera events per landing wave (default {d.events_per_wave})")
     parser.add_argument("--feed-every", type=float, default=d.feed_every_s,
                         help=f"seconds between landing waves (default {d.feed_every_s:g})")
-    parser.add_argument("--mode", choices=["app", "split"], default=d.mode,
+    parser.add_argument("--mode", choices=["app", "split", "mixed"], default=d.mode,
                         help="app (default): kill -9 the one pipeline process; split: each layer runs "
-                             "as its own process and is killed on its own")
+                             "as its own process and is killed on its own; mixed: the pipeline process "
+                             "first, then the layers on their own, in one session")
     parser.add_argument("--report", type=Path, help="also write the summary as JSON to this file")
     args = parser.parse_args(argv)
 

@@ -24,7 +24,10 @@ LAYERS = ("bronze", "silver", "gold")
 NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
 # What is killed: the one pipeline process (every layer's queries in one application), or, in
 # the split mode, each layer's own process, as teams that deploy layers apart run them.
-UNITS = {"app": ("pipeline",), "split": LAYERS}
+# The mixed mode does both in one session: the pipeline process first, then, once its kills are
+# done, each layer in its own process on the same checkpoints (a team moving from one deployment
+# to the other), with one drain and one audit for both.
+UNITS = {"app": ("pipeline",), "split": LAYERS, "mixed": ("pipeline", *LAYERS)}
 COMMAND = {"pipeline": ["pipeline"], **{layer: ["pipeline", "--layer", layer] for layer in LAYERS}}
 
 
@@ -72,8 +75,15 @@ def schedule(s: Settings) -> dict[str, list[Kill]]:
     killed on its own timeline (so the jobs die independently, also at the same time)."""
     rng = Random(s.seed)
     units = UNITS[s.mode]
-    layers = [units[i % len(units)] for i in range(s.kills)]
-    rng.shuffle(layers)
+    if s.mode == "mixed":
+        # The pipeline's kills come first (one at least), then every layer's, each layer at least once.
+        split = max(len(LAYERS), s.kills - max(1, s.kills // 2))
+        layers = [LAYERS[i % len(LAYERS)] for i in range(split)]
+        rng.shuffle(layers)
+        layers = ["pipeline"] * max(1, s.kills - split) + layers
+    else:
+        layers = [units[i % len(units)] for i in range(s.kills)]
+        rng.shuffle(layers)
     plan: dict[str, list[Kill]] = {layer: [] for layer in units}
     for layer in layers:
         r = rng.random()
@@ -157,8 +167,9 @@ class Session:
         self.logs = root.parent / f"{root.name}-chaos-logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[str, Job] = {}
-        self.units = UNITS[s.mode]
-        self.runs = dict.fromkeys(self.units, 0)
+        # What runs now: in the mixed mode the pipeline process until its last kill, then the layers.
+        self.units = ("pipeline",) if s.mode == "mixed" else UNITS[s.mode]
+        self.runs = dict.fromkeys(UNITS[s.mode], 0)
         self.outcome = Outcome()
         self.t0 = time.monotonic()
         self.next_feed = self.t0
@@ -206,7 +217,7 @@ class Session:
         ref = job.reference(kill)
         return None if ref is None else ref + kill.after_s
 
-    def _kill(self, kill: Kill, total: int) -> None:
+    def _kill(self, kill: Kill, total: int, last: bool = False) -> None:
         job = self.jobs[kill.layer]
         kill.pid, kill.job_state = job.proc.pid, job.last_line()
         kill.tree = 1 + len(descendants(job.proc.pid))
@@ -219,6 +230,12 @@ class Session:
         self.say(f"[{kill.at_s:6.1f}s] kill {len(self.outcome.kills)}/{total}: {kill.layer} pid {kill.pid} "
                  f"({kill.tree} processes), {kill.after_s}s after {_moment(kill)}; last output: "
                  f"{kill.job_state}")
+        if last and self.s.mode == "mixed" and kill.layer == "pipeline":
+            # Its locks died with it: the layers now start on the same checkpoints, one process each.
+            del self.jobs["pipeline"]
+            self.units = LAYERS
+            self.say(f"[{self.now():6.1f}s] mixed: the pipeline process is done; each layer now runs on its own")
+            return
         self._spawn(kill.layer)
 
     def run(self) -> Outcome:
@@ -235,7 +252,7 @@ class Session:
                 for layer, kills in plan.items():
                     due = self._due(kills[0]) if kills else None
                     if due is not None and time.monotonic() >= due:
-                        self._kill(kills.pop(0), total)
+                        self._kill(kills.pop(0), total, last=not kills)
                 if time.monotonic() > give_up:
                     raise RuntimeError(f"kills still pending after {self.now():.0f}s: {plan}; see {self.logs}")
                 time.sleep(0.2)
