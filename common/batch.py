@@ -3,14 +3,18 @@
 Around the layer's own work, each micro-batch: runs its Spark jobs in the layer's FAIR pool,
 knows its checkpoint's id (the txnAppId prefix that makes its Delta appends idempotent), reads
 its lineage from the offset log, validates through the quality gate into ops.dq_results, and
-records its ops.batch_accounting row before Spark commits it.
+records its ops.batch_accounting row before Spark commits it (a no-data batch that wrote no row
+has nothing to count and records none).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.lineage import batch_lineage, checkpoint_query_id
+from common.lineage import batch_lineage, checkpoint_query_id, read_nothing
 from common.quality import check
+
+
+WRITTEN = ("rows_written", "events_written", "events_quarantined")
 
 
 @dataclass(frozen=True)
@@ -39,22 +43,53 @@ class MicroBatch:
             self._app_id = f"{self.query}-{checkpoint_query_id(self.checkpoint)}"
         return self._app_id
 
-    def pinned(self) -> dict:
-        """Versions of other tables this batch reads, for its lineage (default none)."""
-        return {}
-
     def __call__(self, df, batch_id: int) -> None:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.layer)
-        lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream, self.pinned())
+        lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
         ctx = BatchContext(batch_id, self.app_id, lineage)
         counts = self.write(df, ctx)
+        if read_nothing(self.checkpoint, batch_id) and not any(counts.get(k) for k in WRITTEN):
+            # A watermark-only batch that wrote no row: no count to book, so no ops commit
+            # (the one commit that costs most of such a batch).
+            return
         self.books.record(self.query, batch_id, lineage=lineage, **counts)
 
     def write(self, df, ctx: BatchContext) -> dict:   # pragma: no cover - interface
         raise NotImplementedError
 
     def validate(self, df, ctx: BatchContext, rows: int | None = None):
-        """Run the gate on df (`rows`: its count, if known), record the results, raise on a
-        `fail` rule: (outcomes, ms)."""
+        """Run the gate on df (`rows`: its count, if known); raise on a `fail` rule (its results
+        recorded). Returns the GateRun whose `record` the layer runs beside its writes."""
         return check(self.gate, df, self.spark, self.dq_path, self.query, ctx.batch_id,
                      ctx.app_id, ctx.lineage, rows)
+
+
+def together(*writes) -> None:
+    """Run independent writes of one batch at once, each on its own thread (Spark local
+    properties, so the FAIR pool, are inherited). A Delta commit is mostly driver-side waiting
+    (log listing, small jobs, the commit file), so two overlap well even on two cores. Every
+    write is idempotent per batch, so a crash between them is repaired by the replay. The
+    first error is raised once all have finished."""
+    from pyspark import InheritableThread
+
+    writes = [w for w in writes if w is not None]
+    if len(writes) <= 1:
+        for w in writes:
+            w()
+        return
+    errors: list[BaseException] = []
+
+    def run(write):
+        try:
+            write()
+        except BaseException as e:   # noqa: BLE001 - re-raised on the batch's thread
+            errors.append(e)
+
+    threads = [InheritableThread(target=run, args=(w,)) for w in writes[1:]]
+    for t in threads:
+        t.start()
+    run(writes[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -56,6 +56,19 @@ def late_watermark_ms(checkpoint: str, batch_id: int) -> int:
         return batch_watermark_ms(checkpoint, batch_id)
 
 
+def read_nothing(checkpoint: str, batch_id: int) -> bool:
+    """Whether the batch is a no-data batch: its source offsets are those of the batch before
+    (Spark runs one only to move the watermark: evict state, finalize, time out). Decided from
+    the offset log, so a replay answers the same. Such a batch drops no input row, so it has no
+    count to book; what it changes in a table is in that commit's own lineage."""
+    if batch_id == 0:
+        return False
+    try:
+        return offset_entry(checkpoint, batch_id)[1] == offset_entry(checkpoint, batch_id - 1)[1]
+    except FileNotFoundError:  # offsets retention purged the one before: assume it read
+        return False
+
+
 def consumed_version(offset: dict | None) -> int | None:
     """Last upstream version a Delta source offset has read completely (-1: none); None when the
     batch stopped inside a version, so no snapshot equals what it read."""
@@ -71,8 +84,7 @@ def consumed_version(offset: dict | None) -> int | None:
     return None
 
 
-def batch_lineage(checkpoint: str, query: str, batch_id: int, upstream: str,
-                  dimensions: dict[str, int] | None = None) -> dict:
+def batch_lineage(checkpoint: str, query: str, batch_id: int, upstream: str) -> dict:
     """Lineage of one micro-batch of a query with a single Delta source named `upstream`."""
     meta, sources = offset_entry(checkpoint, batch_id)
     offset = sources[0] if sources else None
@@ -85,8 +97,6 @@ def batch_lineage(checkpoint: str, query: str, batch_id: int, upstream: str,
         "watermark_ms": int(meta.get("batchWatermarkMs") or 0),
         "late_watermark_ms": late_watermark_ms(checkpoint, batch_id),
     }
-    if dimensions:
-        lineage["dimensions"] = dimensions
     return lineage
 
 

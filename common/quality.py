@@ -283,26 +283,48 @@ def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_i
     """One row per expectation per batch into ops.dq_results. A batch stopped by a `fail` rule
     is recorded under its own app id, so after the fix its replay adds the passing results next
     to the failed attempt (an audit trail), while a replay of the same outcome is skipped."""
-    from common.delta import idempotent_append
+    from common.delta import idempotent_append, local_frame
     from common.schemas import DQ_RESULTS
 
-    rows = spark.createDataFrame(dq_rows(outcomes, query, batch_id, suite.table, suite.name), DQ_RESULTS)
+    rows = local_frame(spark, dq_rows(outcomes, query, batch_id, suite.table, suite.name), DQ_RESULTS)
     kind = "dq-failed" if failures(outcomes) else "dq"
     idempotent_append(rows, path, f"{app_id}-{kind}", batch_id, metadata)
 
 
-def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
-          app_id: str, metadata: dict | None = None, rows: int | None = None) -> tuple[list[Outcome], int]:
-    """Validate a batch, record the results, stop on `fail`. Returns (outcomes, milliseconds).
+class GateRun:
+    """A validated batch: its outcomes, and the ops.dq_results write still to make. The layer
+    runs `record` beside its own writes (common.batch.together): the results are an idempotent
+    append keyed by the batch, so they need not wait for the data, nor the data for them."""
 
-    The milliseconds cover validating and recording the results (a Delta commit per batch):
-    both are what the gate costs each batch, and what an operator would weigh. Callers gate only
-    batches with rows: an empty batch has nothing to validate and records nothing."""
+    def __init__(self, outcomes: list[Outcome], validate_ms: int, record):
+        self.outcomes, self.validate_ms, self._record = outcomes, validate_ms, record
+        self.record_ms = 0
+
+    def record(self) -> None:
+        import time
+
+        started = time.monotonic()
+        self._record()
+        self.record_ms = int((time.monotonic() - started) * 1000)
+
+    @property
+    def ms(self) -> int:
+        """What the gate cost the batch: validating plus recording the results."""
+        return self.validate_ms + self.record_ms
+
+
+def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
+          app_id: str, metadata: dict | None = None, rows: int | None = None) -> GateRun:
+    """Validate a batch; on a `fail` rule record the results and raise. Otherwise the caller
+    records them (GateRun.record), beside its writes. Callers gate only batches with rows: an
+    empty batch has nothing to validate and records nothing."""
     import time
 
     started = time.monotonic()
     outcomes = gate.validate(df, rows)
-    write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata)
-    elapsed = int((time.monotonic() - started) * 1000)
-    raise_on_failures(outcomes, query, batch_id, gate.suite.table)
-    return outcomes, elapsed
+    run = GateRun(outcomes, int((time.monotonic() - started) * 1000),
+                  lambda: write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata))
+    if failures(outcomes):
+        run.record()
+        raise_on_failures(outcomes, query, batch_id, gate.suite.table)
+    return run

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import commit_metadata, ensure_table
-from common.batch import BatchContext, MicroBatch
+from common.batch import BatchContext, MicroBatch, together
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.streaming import JobError, trigger
@@ -76,16 +76,20 @@ class GoldBatch(MicroBatch):
                     with commit_metadata(session, lineage):
                         finalize(session, self.path, watermark)
                 return dict(rows_written=0, quality_ms=None)
-            quality_ms = None
+            gate = None
             if self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
-                _, quality_ms = self.validate(T.quality_view(live, cfg.profile.dimension), ctx,
-                                             n if spec.windowed else None)
-            with commit_metadata(session, lineage):
-                merge(session, self.path, spec, updates, watermark)
+                gate = self.validate(T.quality_view(live, cfg.profile.dimension), ctx,
+                                     n if spec.windowed else None)
+
+            def write():
+                with commit_metadata(session, lineage):
+                    merge(session, self.path, spec, updates, watermark)
+
+            together(write, gate.record if gate else None)
             if spec.publish and cfg.gold.stats_to_kafka:
                 publish_stats(cfg, spec, updates)
-            return dict(rows_written=n, quality_ms=quality_ms)
+            return dict(rows_written=n, quality_ms=gate.ms if gate else None)
         finally:
             updates.unpersist()
 

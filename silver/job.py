@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.delta import ensure_table, idempotent_append
-from common.batch import BatchContext, MicroBatch
+from common.batch import BatchContext, MicroBatch, together
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.streaming import JobError, trigger
@@ -68,14 +68,13 @@ class SilverBatch(MicroBatch):
                       "quarantine": cfg.table_path("silver", "quarantine")}
         if self.dimension:
             self.paths["dimension"] = cfg.table_path("silver", self.dimension)
-        self._dimension_version = None
 
-    def pinned(self) -> dict:
-        # Pin the dimension's version so the lineage says exactly which one this batch joined.
-        if not self.dimension:
-            return {}
-        self._dimension_version = latest_version(self.spark, self.paths["dimension"])
-        return {f"silver.{self.dimension}": self._dimension_version}
+    def pin_dimension(self, lineage: dict) -> int:
+        """Pin the dimension's version, so the lineage of the batch's commits (accounting included)
+        says exactly which one it joined. Only batches with rows to join pay for the lookup."""
+        version = latest_version(self.spark, self.paths["dimension"])
+        lineage["dimensions"] = {f"silver.{self.dimension}": version}
+        return version
 
     def write(self, batch, ctx: BatchContext) -> dict:
         spark, profile, batch_id, lineage = self.spark, self.profile, ctx.batch_id, ctx.lineage
@@ -88,18 +87,18 @@ class SilverBatch(MicroBatch):
                               F.count(F.when((F.size("reasons") > 0) & F.col("parsed"), 1)).alias("event_rejects")
                               ).first()
             n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
-            n_candidates, n_dq, quality_ms = 0, 0, None
+            n_candidates, n_dq, gate, writes = 0, 0, None, []
             if sizes.rows > n_rejects:
                 locations = None
                 if self.dimension:
-                    locations = (spark.read.format("delta").option("versionAsOf", self._dimension_version)
+                    locations = (spark.read.format("delta").option("versionAsOf", self.pin_dimension(lineage))
                                  .load(self.paths["dimension"]))
                 joined = T.join_dimension(T.accepted(batch), locations, profile)
                 frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
                 candidates = T.to_silver(joined, batch_id, profile, frontier).persist()
                 n_candidates = candidates.count()     # fills the cache the gate reads
-                outcomes, quality_ms = self.validate(candidates, ctx, n_candidates)
-                dq_reasons = _dq_reasons(spark, outcomes)
+                gate = self.validate(candidates, ctx, n_candidates)
+                dq_reasons = _dq_reasons(spark, gate.outcomes)
                 if dq_reasons is not None:
                     good = candidates.join(dq_reasons, "event_id", "left_anti")
                     dq_bad = joined.join(dq_reasons, "event_id").withColumn("reasons", F.col("dq_reasons"))
@@ -108,15 +107,18 @@ class SilverBatch(MicroBatch):
                     good, dq_bad = candidates, None
                 # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
                 if n_candidates > n_dq:
-                    idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events", batch_id, lineage)
+                    writes.append(lambda: idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events",
+                                                            batch_id, lineage))
             if n_rejects or n_dq:
                 quarantine = T.to_quarantine(T.rejected(batch), batch_id, profile)
                 if n_dq:
                     quarantine = quarantine.unionByName(T.to_quarantine(dq_bad, batch_id, profile))
-                idempotent_append(quarantine, self.paths["quarantine"], f"{ctx.app_id}-quarantine",
-                                  batch_id, lineage)
+                writes.append(lambda: idempotent_append(quarantine, self.paths["quarantine"],
+                                                        f"{ctx.app_id}-quarantine", batch_id, lineage))
+            # Three tables, three idempotent appends keyed by the batch: none needs another first.
+            together(*writes, gate.record if gate else None)
             return dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
-                        rows_written=n_candidates - n_dq, quality_ms=quality_ms)
+                        rows_written=n_candidates - n_dq, quality_ms=gate.ms if gate else None)
         finally:
             if candidates is not None:
                 candidates.unpersist()
