@@ -53,9 +53,10 @@ class VersionCheck:
 
 
 def batch_lineages(history: list[Version], recorded: list[Version] = ()) -> list[dict]:
-    """Lineage of every micro-batch of the table's query, in run order. A batch that changed
-    nothing in the table (all its events late, or only a watermark that finalized nothing) made
-    no commit there: its lineage is in `recorded`, the query's ops.batch_accounting commits.
+    """Lineage of every micro-batch of the table's query, in run order. A batch that read rows
+    but changed nothing in the table (all its events late) made no commit there: its lineage is
+    in `recorded`, the query's ops.batch_accounting commits. A no-data batch that changed nothing
+    (a watermark that finalized nothing) is in neither; it read no event, so no recompute needs it.
     Batch ids restart with a new checkpoint, so checkpoints are ordered by their first commit."""
     found: dict[tuple, dict] = {}
     first_seen: dict[str, object] = {}
@@ -152,25 +153,72 @@ def expected_table(spec: GoldTable, cfg, events: DataFrame, watermark_ms: int) -
     return S.replay_sessions(events, ARRIVAL, spec.session_spec(cfg), watermark_ms)
 
 
-def compare(expected: DataFrame, actual: DataFrame, check: VersionCheck) -> VersionCheck:
-    """Multiset comparison in one aggregation: rows grouped by every column (grouping treats
-    NULLs as equal), counting copies on each side; groups where the counts differ are the diff."""
+# Versions compared per Spark job: one job for many versions instead of one each, while the
+# plan (a scan and a recompute per version) stays small enough to plan quickly.
+VERSIONS_PER_JOB = 12
+
+
+def _tagged(expected: DataFrame, actual: DataFrame, tag: int = 0) -> DataFrame:
+    """Both sides' rows, marked _e (expected) or _a (actual), and `tag` (_v) that keeps several
+    comparisons apart in one aggregation."""
     cols = actual.columns
-    tagged = (expected.select(*cols).withColumn("_e", F.lit(1)).withColumn("_a", F.lit(0))
-              .unionByName(actual.withColumn("_e", F.lit(0)).withColumn("_a", F.lit(1))))
-    groups = tagged.groupBy(*cols).agg(F.sum("_e").alias("_e"), F.sum("_a").alias("_a"))
-    totals = groups.agg(F.sum("_e").alias("e"), F.sum("_a").alias("a"),
-                        F.sum(F.greatest(F.col("_e") - F.col("_a"), F.lit(0))).alias("m"),
-                        F.sum(F.greatest(F.col("_a") - F.col("_e"), F.lit(0))).alias("u")).first()
-    check.expected_rows, check.actual_rows = int(totals.e or 0), int(totals.a or 0)
-    check.missing, check.unexpected = int(totals.m or 0), int(totals.u or 0)
-    check.status = "FAIL" if check.missing or check.unexpected else "PASS"
+    return (expected.select(*cols).withColumn("_e", F.lit(1)).withColumn("_a", F.lit(0))
+            .unionByName(actual.withColumn("_e", F.lit(0)).withColumn("_a", F.lit(1)))
+            .withColumn("_v", F.lit(tag)))
+
+
+def _groups(tagged: DataFrame, cols) -> DataFrame:
+    """Rows grouped by comparison and every column (grouping treats NULLs as equal), counting
+    copies on each side."""
+    return tagged.groupBy("_v", *cols).agg(F.sum("_e").alias("_e"), F.sum("_a").alias("_a"))
+
+
+def _totals(groups: DataFrame, by=()) -> DataFrame:
+    return groups.groupBy(*by).agg(F.sum("_e").alias("e"), F.sum("_a").alias("a"),
+                                   F.sum(F.greatest(F.col("_e") - F.col("_a"), F.lit(0))).alias("m"),
+                                   F.sum(F.greatest(F.col("_a") - F.col("_e"), F.lit(0))).alias("u"))
+
+
+def _settle(check: VersionCheck, totals) -> None:
+    """Fill the counts from a _totals row (None: neither side has a row)."""
+    e, a, m, u = (int(totals[k] or 0) for k in "eamu") if totals is not None else (0, 0, 0, 0)
+    check.expected_rows, check.actual_rows, check.missing, check.unexpected = e, a, m, u
+    check.status = "FAIL" if m or u else "PASS"
+
+
+def compare(expected: DataFrame, actual: DataFrame, check: VersionCheck) -> VersionCheck:
+    """Multiset comparison in one aggregation; groups where the counts differ are the diff."""
+    cols = actual.columns
+    groups = _groups(_tagged(expected, actual), cols)
+    _settle(check, _totals(groups).first())
     if check.status == "FAIL":
         sample = lambda cond: [  # noqa: E731
-            {k: v for k, v in r.asDict().items() if k not in ("_e", "_a")}
+            {k: v for k, v in r.asDict().items() if k not in ("_e", "_a", "_v")}
             for r in groups.where(cond).orderBy(*cols).limit(SAMPLE).collect()]
         check.missing_sample, check.unexpected_sample = sample("_e > _a"), sample("_a > _e")
     return check
+
+
+def compare_many(pairs: list[tuple[DataFrame, DataFrame, VersionCheck]]) -> None:
+    """`compare` for many versions, VERSIONS_PER_JOB of them per Spark job (versions whose
+    tables have other columns are compared apart). A failing version is compared again on its
+    own, for its diff sample."""
+    by_columns: dict[tuple, list] = {}
+    for pair in pairs:
+        by_columns.setdefault(tuple(pair[1].columns), []).append(pair)
+    for group in by_columns.values():
+        for start in range(0, len(group), VERSIONS_PER_JOB):
+            chunk = group[start:start + VERSIONS_PER_JOB]
+            union = None
+            for i, (expected, actual, _) in enumerate(chunk):
+                t = _tagged(expected, actual, tag=i)
+                union = t if union is None else union.unionByName(t)
+            groups = _groups(union, list(chunk[0][1].columns))
+            found = {r["_v"]: r for r in _totals(groups, ["_v"]).collect()}
+            for i, (expected, actual, check) in enumerate(chunk):
+                _settle(check, found.get(i))
+                if check.status == "FAIL":
+                    compare(expected, actual, check)
 
 
 def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
@@ -179,7 +227,7 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
     batches, at_version = batches_of(history, recorded)
     tracked = has_row_tracking(spark, silver_path)
     empty = spark.read.format("delta").load(silver_path).limit(0).withColumn(ROW_VERSION, F.lit(0).cast("long"))
-    checks = []
+    checks, pairs = [], []
     expected_by_batch: dict[int | None, DataFrame] = {}
     for v in history:
         k = at_version[v.version]
@@ -201,7 +249,9 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
                                         batches, cfg.gold.watermark)
             watermark = batch.watermark_ms if batch else 0
             expected_by_batch[k] = expected_table(spec, cfg, events, watermark)
-        checks.append(compare(expected_by_batch[k], read_version(spark, path, v.version), check))
+        pairs.append((expected_by_batch[k], read_version(spark, path, v.version), check))
+        checks.append(check)
+    compare_many(pairs)
     return checks
 
 
