@@ -42,7 +42,7 @@ def spark_sql_shell(cfg) -> int:
     import pyspark
 
     from common.catalog import ddl
-    from common.spark import spark_conf
+    from common.spark import jvm_options, spark_conf
 
     spark_home = Path(pyspark.__file__).parent
     tmp = Path(tempfile.mkdtemp(prefix="lakehouse-sql-"))
@@ -51,7 +51,7 @@ def spark_sql_shell(cfg) -> int:
     conf = spark_conf(cfg)
     conf.update({
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={tmp / 'metastore_db'};create=true",
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={tmp} -Duser.timezone=UTC",
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={tmp} {jvm_options(cfg)}",
         "spark.sql.catalogImplementation": "hive",
     })
     cmd = [str(spark_home / "bin" / "spark-sql"), "--master", cfg.spark.master, "-i", str(init)]
