@@ -1,0 +1,105 @@
+"""The pieces that keep a micro-batch lean: ops rows built as literals, independent writes run at
+once, no-data batches told apart from the offset log, the JIT chosen by how long a run lasts,
+and the chaos schedule that covers both deployment shapes in one session."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from common.batch import together
+from common.config import load_config
+from common.delta import local_frame
+from common.lineage import read_nothing
+from common.schemas import BATCH_ACCOUNTING, QUERY_PROGRESS
+
+
+def test_local_frame_holds_the_same_rows_as_create_dataframe_in_one_partition(spark):
+    now = datetime(2026, 11, 24, 1, 2, 3, tzinfo=timezone.utc)
+    rows = [("progress", "silver", "id", "run", 3, now, 10, 1.5, 2.5, 100, {"addBatch": 5, "getBatch": 1},
+             3, 1000, now, 0, "versions", "[]", None, now),
+            ("terminated", None, "id", "run", None, now, None, None, None, None, {}, None, None, None,
+             None, None, None, "it's \"quoted\"", now)]
+    frame = local_frame(spark, rows, QUERY_PROGRESS)
+    assert frame.rdd.getNumPartitions() == 1
+    assert frame.schema.fieldNames() == QUERY_PROGRESS.fieldNames()
+    assert [f.dataType for f in frame.schema] == [f.dataType for f in QUERY_PROGRESS]
+    assert frame.collect() == spark.createDataFrame(rows, QUERY_PROGRESS).collect()
+    one = [("gold", "gold_x", 7, now) + (None,) * 12]
+    assert local_frame(spark, one, BATCH_ACCOUNTING).collect() == spark.createDataFrame(one, BATCH_ACCOUNTING).collect()
+
+
+def test_together_runs_writes_at_once_inherits_the_pool_and_raises_the_first_error(spark):
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", "silver")
+    started, pools = [], []
+
+    def write(n):
+        def run():
+            started.append(time.monotonic())
+            pools.append(spark.sparkContext.getLocalProperty("spark.scheduler.pool"))
+            time.sleep(0.5)
+        return run
+
+    t0 = time.monotonic()
+    together(write(1), None, write(2), write(3))
+    assert len(started) == 3 and max(started) - t0 < 0.45, "the writes did not start together"
+    assert pools == ["silver"] * 3
+
+    done = threading.Event()
+
+    def boom():
+        raise ValueError("append failed")
+
+    def slow():
+        time.sleep(0.3)
+        done.set()
+
+    with pytest.raises(ValueError, match="append failed"):
+        together(slow, boom)
+    assert done.is_set(), "together returned before every write had finished"
+
+
+def _offsets(checkpoint: Path, batch: int, version: int, index: int) -> None:
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    meta = {"batchWatermarkMs": batch * 1000, "batchTimestampMs": 0, "conf": {}}
+    source = {"sourceVersion": 1, "reservoirId": "r", "reservoirVersion": version, "index": index,
+              "isStartingVersion": False}
+    (checkpoint / "offsets" / str(batch)).write_text(f"v1\n{json.dumps(meta)}\n{json.dumps(source)}\n")
+
+
+def test_a_no_data_batch_is_one_whose_offsets_did_not_move(tmp_path):
+    _offsets(tmp_path, 0, 3, -1)
+    _offsets(tmp_path, 1, 5, 2**63 - 101)
+    _offsets(tmp_path, 2, 5, 2**63 - 101)        # only the watermark moved (batchWatermarkMs differs)
+    _offsets(tmp_path, 3, 6, 2**63 - 101)
+    assert [read_nothing(str(tmp_path), b) for b in range(4)] == [False, False, True, False]
+
+
+def test_the_jit_follows_how_long_the_run_lasts(env):
+    from common.spark import C1_ONLY, jvm_options
+
+    base = {k: v for k, v in env.items() if k != "LAKEHOUSE__SPARK__JIT"}
+
+    def options(**extra):
+        return jvm_options(load_config(env={**base, **extra}))
+
+    assert C1_ONLY in options(TRIGGER="available-now")
+    assert C1_ONLY not in options(TRIGGER="processing-time")
+    assert C1_ONLY in options(TRIGGER="processing-time", LAKEHOUSE__SPARK__JIT="c1")
+    assert C1_ONLY not in options(TRIGGER="available-now", LAKEHOUSE__SPARK__JIT="tiered")
+    assert all(o.startswith("-Duser.timezone=UTC") for o in (options(), options(LAKEHOUSE__SPARK__JIT="c1")))
+
+
+@pytest.mark.parametrize("kills", [4, 5, 10])
+def test_mixed_chaos_kills_the_pipeline_process_first_then_every_layer(kills):
+    from chaos.run import Settings, schedule
+
+    plan = schedule(Settings(kills=kills, seed=11, mode="mixed"))
+    assert list(plan) == ["pipeline", "bronze", "silver", "gold"]
+    assert sum(map(len, plan.values())) == kills
+    assert len(plan["pipeline"]) >= 1 and all(len(plan[layer]) >= 1 for layer in ("bronze", "silver", "gold"))
+    assert schedule(Settings(kills=kills, seed=11, mode="mixed")) == plan     # the seed repeats it
