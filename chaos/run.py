@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
 
-from common.processes import descendants, kill_tree, with_jvm_options
+from common.processes import descendants, kill_tree
 
 LAYERS = ("bronze", "silver", "gold")
 NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
@@ -104,8 +104,10 @@ def job_env(root: Path, s: Settings, base: dict | None = None) -> dict:
         env.pop(var, None)
     env.update(LAKEHOUSE_ROOT=str(root), TRIGGER="processing-time", TRIGGER_INTERVAL=s.interval,
                SPARK_LOCAL_IP="127.0.0.1",
-               LAKEHOUSE__SPARK__DRIVER_MEMORY=s.driver_memory)
-    return with_jvm_options(env)
+               LAKEHOUSE__SPARK__DRIVER_MEMORY=s.driver_memory,
+               # A chaos life is seconds to minutes: C1 warms up fastest, whatever the trigger.
+               LAKEHOUSE__SPARK__JIT="c1")
+    return env
 
 
 @dataclass

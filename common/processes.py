@@ -12,13 +12,11 @@ from pathlib import Path
 
 from common.spark import C1_ONLY
 
-# JVM flags for short-lived job processes on a small machine: C1 only (C2 costs more CPU than
-# it saves in a run of minutes), whatever their trigger.
-SHORT_LIVED_JVM = C1_ONLY
 
-
-def with_jvm_options(env: dict[str, str], options: str = SHORT_LIVED_JVM) -> dict[str, str]:
-    """env with options appended to JAVA_TOOL_OPTIONS (every JVM the process starts reads it)."""
+def with_jvm_options(env: dict[str, str], options: str = C1_ONLY) -> dict[str, str]:
+    """env with options appended to JAVA_TOOL_OPTIONS, which every JVM the process starts reads:
+    for JVMs the driver's conf (spark.jit) does not reach, such as a standalone cluster's
+    daemons and the executors they fork. Default: C1 only, for short runs on a small machine."""
     return dict(env, JAVA_TOOL_OPTIONS=f"{env.get('JAVA_TOOL_OPTIONS', '')} {options}".strip())
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from common.cluster import StandaloneCluster
-from common.processes import SHORT_LIVED_JVM, kill_tree, processes_using, with_jvm_options
+from common.processes import kill_tree, processes_using, with_jvm_options
+from common.spark import C1_ONLY
 
 REPO = Path(__file__).resolve().parent.parent
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
@@ -25,7 +26,7 @@ RUN_TIMEOUT = 600
 @pytest.fixture
 def cluster(tmp_path):
     c = StandaloneCluster(tmp_path / "spark-cluster", workers=2, worker_cores=1, worker_memory="1536m",
-                          java_options=SHORT_LIVED_JVM)
+                          java_options=C1_ONLY)
     try:
         yield c.start(timeout=120)
     finally:

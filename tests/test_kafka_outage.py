@@ -96,8 +96,7 @@ def test_bronze_restarts_its_kafka_query_after_a_broker_outage_and_loses_nothing
                LAKEHOUSE__KAFKA__SOURCE__RECONNECT_BACKOFF="1 second",
                LAKEHOUSE__KAFKA__SOURCE__RECONNECT_BACKOFF_MAX="4 seconds",
                LAKEHOUSE__KAFKA__SOURCE__MAX_OUTAGE="3 minutes",
-               LAKEHOUSE__SPARK__DRIVER_MEMORY="1g",
-               JAVA_TOOL_OPTIONS=f"{env.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1".strip())
+               LAKEHOUSE__SPARK__DRIVER_MEMORY="1g")
     cfg = load_config(env=env)
     job = Job(env)
     try:
