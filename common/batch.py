@@ -2,13 +2,14 @@
 
 Around the layer's own work, each micro-batch: runs its Spark jobs in the layer's FAIR pool,
 knows its checkpoint's id (the txnAppId prefix that makes its Delta appends idempotent), reads
-its lineage from the offset log, validates through the quality gate into ops.dq_results, and
-records its ops.batch_accounting row before Spark commits it (a no-data batch that wrote no row
-has nothing to count and records none).
+its lineage from the offset log, validates through the quality gate, and commits: the layer's
+writes, the gate's ops.dq_results rows and the batch's ops.batch_accounting row run at once,
+all before Spark commits the batch (a no-data batch that wrote no row has nothing to count and
+records none).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.lineage import batch_lineage, checkpoint_query_id, read_nothing
 from common.quality import check
@@ -22,10 +23,12 @@ class BatchContext:
     batch_id: int
     app_id: str              # "<query>-<checkpoint id>": Delta txnAppId prefix of this query
     lineage: dict            # commit metadata of every write of this batch
+    committed: list = field(default_factory=list)   # set by MicroBatch.commit
 
 
 class MicroBatch:
-    """foreachBatch body: subclasses implement write(df, ctx) -> accounting counts."""
+    """foreachBatch body: subclasses implement write(df, ctx), which ends every path with
+    `return self.commit(ctx, counts, *writes)` while what the writes read is still cached."""
 
     layer = ""
 
@@ -47,15 +50,25 @@ class MicroBatch:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.layer)
         lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
         ctx = BatchContext(batch_id, self.app_id, lineage)
-        counts = self.write(df, ctx)
-        if read_nothing(self.checkpoint, batch_id) and not any(counts.get(k) for k in WRITTEN):
-            # A watermark-only batch that wrote no row: no count to book, so no ops commit
-            # (the one commit that costs most of such a batch).
-            return
-        self.books.record(self.query, batch_id, lineage=lineage, **counts)
+        self.write(df, ctx)
+        if not ctx.committed:
+            raise RuntimeError(f"{type(self).__name__}.write returned without commit() for batch {batch_id}")
 
     def write(self, df, ctx: BatchContext) -> dict:   # pragma: no cover - interface
         raise NotImplementedError
+
+    def commit(self, ctx: BatchContext, counts: dict, *writes) -> dict:
+        """Run the batch's writes (callables, None skipped) and its accounting row at once.
+        The counts are known before any write: the row needs none of them to finish, and every
+        write is idempotent per batch, so a crash between them is repaired by the replay. The
+        accounting row waits for nothing, so a batch costs its slowest write, not their sum."""
+        book = None
+        if any(counts.get(k) for k in WRITTEN) or not read_nothing(self.checkpoint, ctx.batch_id):
+            # (A watermark-only batch that wrote no row has no count to book: no ops commit.)
+            book = lambda: self.books.record(self.query, ctx.batch_id, lineage=ctx.lineage, **counts)  # noqa: E731
+        together(*writes, book)
+        ctx.committed.append(True)
+        return counts
 
     def validate(self, df, ctx: BatchContext, rows: int | None = None):
         """Run the gate on df (`rows`: its count, if known); raise on a `fail` rule (its results

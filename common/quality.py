@@ -293,24 +293,12 @@ def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_i
 
 class GateRun:
     """A validated batch: its outcomes, and the ops.dq_results write still to make. The layer
-    runs `record` beside its own writes (common.batch.together): the results are an idempotent
-    append keyed by the batch, so they need not wait for the data, nor the data for them."""
+    runs `record` beside its own writes (MicroBatch.commit): the results are an idempotent
+    append keyed by the batch, so they need not wait for the data, nor the data for them.
+    `ms` is what the gate adds to the batch's path: validating (the write runs beside others)."""
 
     def __init__(self, outcomes: list[Outcome], validate_ms: int, record):
-        self.outcomes, self.validate_ms, self._record = outcomes, validate_ms, record
-        self.record_ms = 0
-
-    def record(self) -> None:
-        import time
-
-        started = time.monotonic()
-        self._record()
-        self.record_ms = int((time.monotonic() - started) * 1000)
-
-    @property
-    def ms(self) -> int:
-        """What the gate cost the batch: validating plus recording the results."""
-        return self.validate_ms + self.record_ms
+        self.outcomes, self.ms, self.record = outcomes, validate_ms, record
 
 
 def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import commit_metadata, ensure_table
-from common.batch import BatchContext, MicroBatch, together
+from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.streaming import JobError, trigger
@@ -39,14 +39,20 @@ def output_schema(spark, cfg, spec: GoldTable, silver_schema):
 def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
     """MERGE the batch's updated rows; returns how many target rows changed."""
     cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in spec.keys)
-    m = DeltaTable.forPath(spark, path).alias("t").merge(updates.alias("s"), cond)
+    target = DeltaTable.forPath(spark, path)
     if spec.windowed:
-        wm = F.timestamp_millis(F.lit(watermark_ms))
-        m = (m.whenMatchedUpdateAll().whenNotMatchedInsertAll()
-             # Windows this batch did not touch still become final as the watermark moves.
-             .whenNotMatchedBySourceUpdate(condition=(~F.col("t.finalized")) & (F.col("t.window_end") <= wm),
-                                           set={"finalized": F.lit(True)}))
+        # Windows this batch did not touch still become final as the watermark moves. They go
+        # into the source rather than a NOT MATCHED BY SOURCE clause, which would make the MERGE
+        # join (and rewrite) the whole table every batch: this way it rewrites only the files
+        # holding a changed window, and finding the open windows skips files by their stats.
+        closing = (target.toDF().alias("t")
+                   .where(~F.col("finalized") & (F.col("window_end") <= F.timestamp_millis(F.lit(watermark_ms))))
+                   .join(updates.alias("s"), F.expr(cond), "left_anti")
+                   .withColumn("finalized", F.lit(True)))
+        source = updates.unionByName(closing)
+        m = target.alias("t").merge(source.alias("s"), cond).whenMatchedUpdateAll().whenNotMatchedInsertAll()
     else:
+        m = target.alias("t").merge(updates.alias("s"), cond)
         m = (m.whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
              .whenNotMatchedInsertAll(condition="s.status <> 'merged'"))
     metrics = m.execute().first()
@@ -72,10 +78,12 @@ class GoldBatch(MicroBatch):
             session = batch.sparkSession
             if not n:
                 # No row to gate or MERGE; the batch's lineage is in its accounting commit.
-                if spec.windowed and watermark > lineage["late_watermark_ms"]:
+                def close():
                     with commit_metadata(session, lineage):
                         finalize(session, self.path, watermark)
-                return dict(rows_written=0, quality_ms=None)
+
+                moved = spec.windowed and watermark > lineage["late_watermark_ms"]
+                return self.commit(ctx, dict(rows_written=0, quality_ms=None), close if moved else None)
             gate = None
             if self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
@@ -86,10 +94,10 @@ class GoldBatch(MicroBatch):
                 with commit_metadata(session, lineage):
                     merge(session, self.path, spec, updates, watermark)
 
-            together(write, gate.record if gate else None)
-            if spec.publish and cfg.gold.stats_to_kafka:
-                publish_stats(cfg, spec, updates)
-            return dict(rows_written=n, quality_ms=gate.ms if gate else None)
+            publish = spec.publish and cfg.gold.stats_to_kafka
+            return self.commit(ctx, dict(rows_written=n, quality_ms=gate.ms if gate else None), write,
+                               gate.record if gate else None,
+                               (lambda: publish_stats(cfg, spec, updates)) if publish else None)
         finally:
             updates.unpersist()
 

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.delta import ensure_table, idempotent_append
-from common.batch import BatchContext, MicroBatch, together
+from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.streaming import JobError, trigger
@@ -115,10 +115,10 @@ class SilverBatch(MicroBatch):
                     quarantine = quarantine.unionByName(T.to_quarantine(dq_bad, batch_id, profile))
                 writes.append(lambda: idempotent_append(quarantine, self.paths["quarantine"],
                                                         f"{ctx.app_id}-quarantine", batch_id, lineage))
-            # Three tables, three idempotent appends keyed by the batch: none needs another first.
-            together(*writes, gate.record if gate else None)
-            return dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
-                        rows_written=n_candidates - n_dq, quality_ms=gate.ms if gate else None)
+            # Idempotent appends keyed by the batch: none needs another first.
+            counts = dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
+                          rows_written=n_candidates - n_dq, quality_ms=gate.ms if gate else None)
+            return self.commit(ctx, counts, *writes, gate.record if gate else None)
         finally:
             if candidates is not None:
                 candidates.unpersist()

@@ -1,6 +1,6 @@
-"""The pieces that keep a micro-batch lean: ops rows built as literals, independent writes run at
-once, no-data batches told apart from the offset log, the JIT chosen by how long a run lasts,
-and the chaos schedule that covers both deployment shapes in one session."""
+"""The pieces that keep a micro-batch lean: ops rows built as literals, a batch's writes and its
+accounting row run at once, no-data batches told apart from the offset log, the JIT chosen by
+how long a run lasts, and the chaos schedule that covers both deployment shapes in one session."""
 from __future__ import annotations
 
 import json
@@ -103,3 +103,57 @@ def test_mixed_chaos_kills_the_pipeline_process_first_then_every_layer(kills):
     assert sum(map(len, plan.values())) == kills
     assert len(plan["pipeline"]) >= 1 and all(len(plan[layer]) >= 1 for layer in ("bronze", "silver", "gold"))
     assert schedule(Settings(kills=kills, seed=11, mode="mixed")) == plan     # the seed repeats it
+
+
+class _Probe:
+    """A layer whose one write waits until the batch's accounting row is readable in
+    ops.batch_accounting: it can only finish if the row is written beside it, not after it."""
+
+    def __init__(self, spark, cfg, forget_commit=False):
+        from common import accounting
+        from common.batch import MicroBatch
+
+        probe = self
+
+        class ProbeBatch(MicroBatch):
+            layer = "silver"
+
+            def write(self, df, ctx):
+                n = df.count()
+                if forget_commit:
+                    return {"rows_written": n}
+
+                def wait_for_row():
+                    deadline = time.monotonic() + 90
+                    while time.monotonic() < deadline:
+                        seen = (spark.read.format("delta").load(self.books.path)
+                                .where(f"query = 'probe' AND batch_id = {ctx.batch_id}").count())
+                        if seen:
+                            probe.saw_row_first.append(ctx.batch_id)
+                            return
+                        time.sleep(0.2)
+                return self.commit(ctx, {"rows_written": n}, wait_for_row)
+
+        books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint("probe"), lambda p: {})
+        self.batch = ProbeBatch(spark, cfg, "probe", "bronze.events", None, books)
+        self.saw_row_first: list[int] = []
+
+
+@pytest.mark.parametrize("forget_commit", [False, True])
+def test_the_accounting_row_is_written_beside_the_batch_writes(spark, cfg, forget_commit):
+    from pyspark.errors import StreamingQueryException
+
+    source = str(Path(cfg.landing) / "probe")        # lineage reads a Delta source's offsets
+    spark.createDataFrame([("x",), ("y",)], "value STRING").write.format("delta").save(source)
+    probe = _Probe(spark, cfg, forget_commit)
+    query = (spark.readStream.format("delta").load(source).writeStream.queryName("probe")
+             .foreachBatch(probe.batch).option("checkpointLocation", cfg.checkpoint("probe"))
+             .trigger(availableNow=True).start())
+    if forget_commit:   # a layer that skips commit() would lose its accounting row: it fails loudly
+        with pytest.raises(StreamingQueryException, match="without commit"):
+            query.awaitTermination()
+        return
+    query.awaitTermination()
+    assert probe.saw_row_first == [0]
+    row = spark.read.format("delta").load(cfg.table_path("ops", "batch_accounting")).where("query = 'probe'").first()
+    assert row.rows_written == 2 and row.batch_id == 0
