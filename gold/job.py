@@ -76,16 +76,13 @@ class GoldBatch(MicroBatch):
         try:
             n = updates.count()
             session = batch.sparkSession
-            if not n:
-                # No row to gate or MERGE; the batch's lineage is in its accounting commit.
-                def close():
-                    with commit_metadata(session, lineage):
-                        finalize(session, self.path, watermark)
-
-                moved = spec.windowed and watermark > lineage["late_watermark_ms"]
-                return self.commit(ctx, dict(rows_written=0, quality_ms=None), close if moved else None)
+            # A batch that moved the watermark closes windows even without rows: the same MERGE,
+            # its source only the windows to close (warm code, and no commit if there are none).
+            closes = spec.windowed and watermark > lineage["late_watermark_ms"]
+            if not n and not closes:
+                return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             gate = None
-            if self.gate is not None:
+            if n and self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
                 gate = self.validate(T.quality_view(live, cfg.profile.dimension), ctx,
                                      n if spec.windowed else None)
@@ -94,20 +91,12 @@ class GoldBatch(MicroBatch):
                 with commit_metadata(session, lineage):
                     merge(session, self.path, spec, updates, watermark)
 
-            publish = spec.publish and cfg.gold.stats_to_kafka
+            publish = n and spec.publish and cfg.gold.stats_to_kafka
             return self.commit(ctx, dict(rows_written=n, quality_ms=gate.ms if gate else None), write,
                                gate.record if gate else None,
                                (lambda: publish_stats(cfg, spec, updates)) if publish else None)
         finally:
             updates.unpersist()
-
-
-def finalize(spark, path: str, watermark_ms: int) -> None:
-    """Mark final the windows the watermark has passed. Data skipping on window_end keeps it
-    to the files that can hold such windows, and Delta commits nothing when none is left open."""
-    wm = F.timestamp_millis(F.lit(watermark_ms))
-    DeltaTable.forPath(spark, path).update((~F.col("finalized")) & (F.col("window_end") <= wm),
-                                           {"finalized": F.lit(True)})
 
 
 def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
