@@ -9,7 +9,7 @@ records none).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from common.lineage import batch_lineage, checkpoint_query_id, read_nothing
 from common.quality import check
@@ -18,12 +18,15 @@ from common.quality import check
 WRITTEN = ("rows_written", "events_written", "events_quarantined")
 
 
+class Committed(dict):
+    """The counts a batch booked, as MicroBatch.commit returns them: proof that write() ran it."""
+
+
 @dataclass(frozen=True)
 class BatchContext:
     batch_id: int
     app_id: str              # "<query>-<checkpoint id>": Delta txnAppId prefix of this query
     lineage: dict            # commit metadata of every write of this batch
-    committed: list = field(default_factory=list)   # set by MicroBatch.commit
 
 
 class MicroBatch:
@@ -50,8 +53,7 @@ class MicroBatch:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.layer)
         lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
         ctx = BatchContext(batch_id, self.app_id, lineage)
-        self.write(df, ctx)
-        if not ctx.committed:
+        if not isinstance(self.write(df, ctx), Committed):
             raise RuntimeError(f"{type(self).__name__}.write returned without commit() for batch {batch_id}")
 
     def write(self, df, ctx: BatchContext) -> dict:   # pragma: no cover - interface
@@ -67,8 +69,7 @@ class MicroBatch:
             # (A watermark-only batch that wrote no row has no count to book: no ops commit.)
             book = lambda: self.books.record(self.query, ctx.batch_id, lineage=ctx.lineage, **counts)  # noqa: E731
         together(*writes, book)
-        ctx.committed.append(True)
-        return counts
+        return Committed(counts)
 
     def validate(self, df, ctx: BatchContext, rows: int | None = None):
         """Run the gate on df (`rows`: its count, if known); raise on a `fail` rule (its results
