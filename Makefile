@@ -24,7 +24,8 @@ export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KA
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-setup: $(PY_STAMP) $(JAR_STAMP) ## Create .venv, install pinned Python deps, fetch JVM jars with Maven (idempotent)
+setup: $(PY_STAMP) $(JAR_STAMP) ## Create .venv, install pinned Python deps, fetch JVM jars with Maven, build the JVM class archive (idempotent)
+	@$(PY) -m common.class_archive
 
 # Re-install only when the pins change; a second `make setup` is a no-op.
 $(PY_STAMP): pyproject.toml

@@ -176,7 +176,7 @@ Validator = Callable[[Any], Any]
 SCHEMA: dict[str, dict[str, Any]] = {
     "spark": {"master": _str, "app_name": _str, "driver_memory": _str,
               "shuffle_partitions": _pos_int, "log_level": _str, "ui_enabled": _bool,
-              "jit": _one_of("auto", "c1", "tiered")},
+              "jit": _one_of("auto", "c1", "tiered"), "class_archive": _bool},
     "paths": {"lakehouse_root": _str, "checkpoint_root": _opt_str,
               "landing": _opt_str, "reference": _opt_str, "reports": _str},
     "kafka": {"bootstrap_servers": _str, "port": _port, "controller_port": _port,

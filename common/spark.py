@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+from common import class_archive
 from common.catalog import register_tables
 from common.config import Config
 from common.jars import spark_extra_jars
@@ -17,18 +18,22 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 
 
-def jvm_options(cfg: Config) -> str:
-    """Driver JVM flags: UTC, and the JIT that suits how long the run lasts (conf spark.jit)."""
+def jvm_options(cfg: Config, archive: bool = True) -> str:
+    """Driver JVM flags: UTC, the JIT that suits how long the run lasts (conf spark.jit), and the
+    class archive `make setup` built (conf spark.class_archive)."""
     jit = cfg.spark.jit
     if jit == "auto":
         jit = "c1" if cfg.streaming.trigger == "available-now" else "tiered"
-    return "-Duser.timezone=UTC" + (f" {C1_ONLY}" if jit == "c1" else "")
+    cds = class_archive.driver_options(archive and cfg.spark.class_archive)
+    return " ".join(o for o in ("-Duser.timezone=UTC", C1_ONLY if jit == "c1" else "", cds) if o)
 
 
 def spark_conf(cfg: Config) -> dict[str, str]:
     """Spark settings shared by Python sessions and the spark-sql shell."""
     return {
         "spark.jars": ",".join(spark_extra_jars()),
+        # The same jars on the driver's own classpath, where the class archive can hold them.
+        "spark.driver.extraClassPath": class_archive.driver_class_path(),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(cfg.root / "_warehouse"),
