@@ -158,7 +158,8 @@ def test_a_clean_pipeline_passes_every_audit(lake):
     assert report["ok"], report["failures"]
     for table in GOLD:
         checks = prefix(report, table)
-        assert len(checks) >= 5, f"{table}: expected a version per batch, got {len(checks)}"
+        # (a version per batch that brought rows: the rounds' closing no-data batches write none)
+        assert len(checks) >= 4, f"{table}: expected a version per data batch, got {len(checks)}"
         assert {c["status"] for c in checks} == {"PASS"}, table
         assert any(c["actual_rows"] for c in checks)
     books = {a["name"]: a for a in report["accounting"]}
@@ -176,10 +177,12 @@ def test_gold_versions_differ_as_batches_advance(spark, lake):
     """Not one trivially equal snapshot: content changes across versions, and later rounds
     finalize windows that earlier ones left open."""
     path = lake.cfg.table_path("gold", "zip_hourly_sightings")
+    checks = prefix(lake.report, "gold.zip_hourly_sightings")
     counts = [spark.read.format("delta").option("versionAsOf", c["version"]).load(path)
-              .where("finalized").count() for c in prefix(lake.report, "gold.zip_hourly_sightings")]
+              .where("finalized").count() for c in checks]
     assert counts[-1] > counts[1] >= 0
-    assert len(set(counts)) >= 3
+    sizes = [c["actual_rows"] for c in checks]
+    assert sizes == sorted(sizes) and len(set(sizes)) >= 3, sizes
 
 
 def test_make_audit_exits_zero_and_prints_pass(lake):

@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from common.config import TABLES as ALL_TABLES
 from common.config import load_config
 from common.quality import load_suites
-from common.lineage import batch_watermark_ms, read_nothing
+from common.lineage import batch_watermark_ms, parse, read_nothing
 from common.streaming import JobError
 from gold import sessions as S
 from gold.job import TABLES, GoldBatch, start
@@ -410,15 +411,23 @@ def test_late_events_are_dropped_and_accounted(spark, windowed):
 
 
 def test_windows_behind_the_watermark_are_finalized(spark, windowed):
-    cfg, _, _ = windowed
+    """`finalized` follows the watermark of the last batch that brought rows: the run's closing
+    no-data batch moved the watermark further but wrote nothing (no MERGE for a flag)."""
+    cfg, batches, _ = windowed
     for key in ("sightings", "activity"):
-        wm = final_watermark(cfg, QUERY[key])
-        # The last batch ran with the watermark of all data seen: max event time - 1 hour.
-        assert wm == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
+        query = QUERY[key]
+        marks = watermarks(cfg, query)
+        # The run's last batch moved the watermark to all data seen: max event time - 1 hour.
+        assert marks[max(marks)] == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
+        wm = marks[max(committed_batches(cfg, query, data_only=True))]
+        assert wm == max(e["t"] for e in batches[0]) + T0_MS - WATERMARK_MS < marks[max(marks)]
         rows = bag(read(spark, cfg, "gold", SPEC[key].table), ["window_end", "finalized"])
         wrong = [(end, fin) for (end, fin) in rows if fin != (end <= wm)]
         assert not wrong, f"{key}: finalized flag wrong for (window_end, finalized) {wrong[:5]} (wm {wm})"
         assert {fin for _, fin in rows} == {True, False}, f"{key}: want both final and open windows"
+        # The no-data batch made no gold commit: the table's last version is the data batch's.
+        last = DeltaTable.forPath(spark, cfg.table_path("gold", SPEC[key].table)).history(1).first()
+        assert parse(last["userMetadata"])["batch_id"] == max(committed_batches(cfg, query, data_only=True))
 
 
 def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
@@ -471,7 +480,7 @@ def test_gold_batch_is_idempotent(spark, windowed):
         # What the query would hand foreachBatch if it recomputed every window now.
         batch = spark.createDataFrame(spec.build(on_time, cfg).collect(),
                                       spec.build(on_time, cfg).schema)
-        last = max(committed_batches(cfg, spec.query))
+        last = max(committed_batches(cfg, spec.query, data_only=True))    # the table's last writer
         gold_batch = GoldBatch(spark, cfg, spec, QualityGate(suites[f"gold.{spec.table}"]), _Books())
         for _ in range(2):
             gold_batch(batch, last)
