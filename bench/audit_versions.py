@@ -26,8 +26,8 @@ DEVICES = [f"cam-{i:04d}" for i in range(1, 9)]
 def silver_commit(spark, cfg, schema, step: int, per_step: int = 12) -> None:
     """One silver commit: events in the step's hour, plus every third step an event 130 minutes
     old, more than gold's one-hour watermark behind the frontier silver had reached (late).
-    Each step moves the watermark past the previous hour, so the no-data batch after it
-    finalizes that window: two gold versions per silver commit."""
+    Each step moves the watermark past the previous hour, so the next step's MERGE finalizes
+    that window: one gold version per silver commit."""
     times = [T0 + timedelta(minutes=60 * step + 5 * i) for i in range(per_step)]
     if step % 3 == 2:
         times.append(T0 + timedelta(minutes=60 * step - 130))
@@ -55,7 +55,8 @@ def gold_versions(spark, path: str) -> int:
 def build(spark, cfg, versions: int) -> int:
     """Feed silver until gold.zip_hourly_sightings has at least `versions` versions; returns how
     many silver commits that took. The query runs with a processing-time trigger, so a commit
-    is a data batch and the watermark's move a no-data batch after it, as in production."""
+    is a data batch and the watermark's move a no-data batch after it (which writes nothing),
+    as in production."""
     from gold.job import start as start_gold
     from silver.job import ensure_tables
 

@@ -254,7 +254,7 @@ def test_restore_brings_back_the_old_content_and_the_audit_sees_it(spark, lake, 
 # --- many versions ----------------------------------------------------------------------------
 
 def test_audit_of_a_50_version_gold_table(spark, tmp_path):
-    """Built by the real gold query over 20-odd silver commits; the duration is reported by
+    """Built by the real gold query over 50 silver commits; the duration is reported by
     `make bench-audit`, here it is only printed."""
     from bench.audit_versions import build
 
