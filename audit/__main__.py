@@ -17,6 +17,9 @@ import json
 import sys
 import time
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+
 from audit import books as B
 from audit import prefix as P
 from audit.history import table_history
@@ -42,15 +45,29 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
         histories["ops.batch_accounting"] = table_history(spark, paths["ops.batch_accounting"])
     recorded = histories.get("ops.batch_accounting") or []
     silver_path = paths[silver_name]
-    report = {"tables": [], "accounting": []}
+    report = {"tables": [], "accounting": [], "horizon": _horizon(cfg)}
+    too_old = _too_old(spark, cfg, silver_path, report["horizon"]) if any(
+        n.startswith("gold.") for n in names) else None
     for name in names:
         entry = {"table": name, "history": [v.as_dict() for v in histories[name]]}
+        if histories[name] and histories[name][0].version > 0:
+            # Log files older than maintenance.log_retention are cleaned at Delta checkpoints.
+            entry["log_cleaned_before"] = histories[name][0].version
         layer, _, table = name.partition(".")
         if layer == "gold":
             spec = BY_TABLE[table]
             # Batches that changed nothing in the table have their lineage only in accounting.
             mine = [v for v in recorded if v.lineage and v.lineage["query"] == spec.query]
-            checks = P.check_table(spark, cfg, spec, paths[name], histories[name], silver_path, mine)
+            try:
+                checks = P.check_table(spark, cfg, spec, paths[name], histories[name], silver_path, mine, too_old)
+            except (PySparkException, Py4JJavaError) as e:
+                if not any(c.startswith("FAILED_READ_FILE.FILE_NOT_EXIST") for c in _conditions(e)):
+                    raise
+                entry["error"] = (f"a version younger than the audit horizon ({cfg.maintenance.audit_horizon}) "
+                                  "reads a file that is gone: VACUUM ran with a shorter retention than "
+                                  "maintenance.audit_horizon, or a file was deleted by hand")
+                report["tables"].append(entry)
+                continue
             entry["prefix"] = [c.as_dict() for c in checks]
             entry["prefix_summary"] = _summary(checks)
             if "ops.batch_accounting" in present:
@@ -67,6 +84,48 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
     return report
 
 
+def _conditions(error) -> list[str]:
+    """Spark error conditions of an exception and its JVM causes (a failed task's error reaches
+    Python wrapped in a SparkException that pyspark does not convert)."""
+    out = [error.getCondition() or ""] if isinstance(error, PySparkException) else []
+    java = getattr(error, "java_exception", None)
+    while java is not None:
+        try:
+            out.append(java.getCondition() or "")
+        except Exception:   # noqa: BLE001 - not a SparkThrowable
+            pass
+        java = java.getCause()
+    return out
+
+
+def _horizon(cfg) -> dict:
+    from datetime import datetime
+
+    # Naive local time, as pyspark returns the history's commit timestamps.
+    cutoff = datetime.fromtimestamp(time.time() - cfg.maintenance.audit_horizon.seconds)
+    return {"audit_horizon": str(cfg.maintenance.audit_horizon),
+            "cutoff": cutoff.isoformat(sep=" ", timespec="seconds")}
+
+
+def _too_old(spark, cfg, silver_path, horizon: dict):
+    """VACUUM (make maintain) keeps the files of every version younger than the horizon; a gold
+    version older than it, or one that consumed a silver version older than it, may need files
+    that are gone."""
+    from datetime import datetime
+
+    cutoff = datetime.fromisoformat(horizon["cutoff"])
+    silver_time = {v.version: v.timestamp for v in table_history(spark, silver_path)}
+    oldest_silver = min(silver_time, default=0)
+
+    def too_old(version, upstream) -> bool:
+        if version.timestamp < cutoff:
+            return True
+        if upstream is None or upstream < 0:
+            return False
+        return upstream < oldest_silver or silver_time.get(upstream, cutoff) < cutoff
+    return too_old
+
+
 def _on_time_counter(spark, silver_path, history, recorded, watermark):
     batches, _ = P.batches_of(history, recorded)
     tracked = P.has_row_tracking(spark, silver_path)
@@ -75,12 +134,14 @@ def _on_time_counter(spark, silver_path, history, recorded, watermark):
 
 
 def _summary(checks) -> dict:
-    return {s: sum(1 for c in checks if c.status == s) for s in ("PASS", "FAIL", "SKIP")}
+    return {s: sum(1 for c in checks if c.status == s) for s in ("PASS", "FAIL", "SKIP", "VACUUMED")}
 
 
 def _failures(report: dict) -> list[str]:
     out = []
     for t in report["tables"]:
+        if t.get("error"):
+            out.append(f"{t['table']}: {t['error']}")
         for c in t.get("prefix", []):
             if c["status"] == "FAIL":
                 who = c["made_by"] or "table creation"

@@ -39,7 +39,7 @@ class VersionCheck:
     operation: str
     made_by: str
     upstream: int | None
-    status: str               # PASS | FAIL | SKIP
+    status: str               # PASS | FAIL | SKIP | VACUUMED (older than the audit horizon)
     expected_rows: int = 0
     actual_rows: int = 0
     missing: int = 0          # expected rows the table lacks
@@ -221,9 +221,15 @@ def compare_many(pairs: list[tuple[DataFrame, DataFrame, VersionCheck]]) -> None
                     compare(expected, actual, check)
 
 
+VACUUMED_NOTE = "older than the audit horizon ({}): its files may be vacuumed, not provable"
+
+
 def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
-                silver_path: str, recorded: list[Version] = ()) -> list[VersionCheck]:
-    """PASS/FAIL/SKIP for every version of one gold table (`recorded`: see batch_lineages)."""
+                silver_path: str, recorded: list[Version] = (), too_old=lambda version, upstream: False
+                ) -> list[VersionCheck]:
+    """PASS/FAIL/SKIP for every version of one gold table (`recorded`: see batch_lineages).
+    `too_old(version, upstream)`: the version, or the silver version it consumed, is older than
+    the audit horizon, so VACUUM may have deleted files it needs: VACUUMED, not recomputed."""
     batches, at_version = batches_of(history, recorded)
     tracked = has_row_tracking(spark, silver_path)
     empty = spark.read.format("delta").load(silver_path).limit(0).withColumn(ROW_VERSION, F.lit(0).cast("long"))
@@ -236,6 +242,10 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
                              batch.upstream if batch else -1, "SKIP")
         if v.lineage is None and v.operation != "CREATE TABLE":
             check.note = "commit made outside the pipeline"
+        if too_old(v, batch.upstream if batch else None):
+            check.status, check.note = "VACUUMED", VACUUMED_NOTE.format(cfg.maintenance.audit_horizon)
+            checks.append(check)
+            continue
         if batch is not None and batch.upstream is None:
             check.note = ("its batch stopped inside a silver version (gold.max_files_per_trigger), "
                           "so no silver snapshot equals what it read")

@@ -19,7 +19,7 @@ def _prefix_cell(check: dict | None) -> str:
         return f"PASS ({check['actual_rows']:,} rows)"
     if check["status"] == "FAIL":
         return f"FAIL (-{check['missing']:,} +{check['unexpected']:,})"
-    return "SKIP"
+    return "vacuumed, not provable" if check["status"] == "VACUUMED" else "SKIP"
 
 
 def render(report: dict) -> str:
@@ -40,8 +40,13 @@ def render(report: dict) -> str:
             rows.append(cells)
         summary = t.get("prefix_summary")
         title = t["table"] + (f"  (prefix integrity: {summary['PASS']} PASS, {summary['FAIL']} FAIL, "
-                              f"{summary['SKIP']} SKIP)" if summary else "")
+                              f"{summary['SKIP']} SKIP" + (f", {summary['VACUUMED']} vacuumed, not provable"
+                                                           if summary.get("VACUUMED") else "") + ")"
+                              if summary else "")
         out += [title] + _grid(headers, rows)
+        if t.get("log_cleaned_before"):
+            out.append(f"  versions before {t['log_cleaned_before']}: log cleaned (older than "
+                       "maintenance.log_retention), not listed")
         for c in t.get("prefix", []):
             if c["status"] == "FAIL":
                 out.append(f"  version {c['version']} ({c['operation']}, {c['made_by'] or 'table creation'}) "
@@ -62,7 +67,12 @@ def render(report: dict) -> str:
             note = f"  ({a['note']})" if a["left"] and a["note"] else ""
             out.append(f"  {a['name'].ljust(width)}  {a['status']}  {body}{note}")
         out.append("")
-    versions = sum(len(t.get("prefix", [])) for t in report["tables"])
+    versions = sum(1 for t in report["tables"] for c in t.get("prefix", []) if c["status"] in ("PASS", "FAIL"))
+    old = sum(1 for t in report["tables"] for c in t.get("prefix", []) if c["status"] == "VACUUMED")
+    horizon = report.get("horizon")
+    if horizon:
+        out.append(f"audit horizon: {horizon['audit_horizon']} (versions since {horizon['cutoff']} are "
+                   f"provable; {old} older gold version(s) vacuumed, not provable)")
     if report["ok"]:
         out.append(f"audit: PASS - {len(report['tables'])} tables, {versions} gold versions recomputed, "
                    f"{len(report['accounting'])} accounting checks ({report['seconds']} s)")

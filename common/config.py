@@ -200,6 +200,10 @@ SCHEMA: dict[str, dict[str, Any]] = {
              "activity_window": parse_duration, "activity_slide": parse_duration,
              "session_gap": parse_duration, "stats_to_kafka": _bool,
              "expectations": _existing_file, "max_files_per_trigger": _pos_int},
+    "maintenance": {"enabled": _bool, "interval": parse_duration, "auto_compact": _bool,
+                    "auto_compact_min_files": _pos_int, "audit_horizon": parse_duration,
+                    "log_retention": parse_duration, "checkpoint_interval": _pos_int,
+                    "ops_retention": parse_duration, "min_batches_to_retain": _pos_int},
     "monitoring": {"progress_flush": parse_duration, "log_batches": _bool},
     "generator": {"devices": _pos_int, "unknown_devices": _int, "cameras_per_record_max": _pos_int,
                   "span": parse_duration, "start": _timestamp, "files": _pos_int,
@@ -364,6 +368,10 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
             if f"'{key}" in str(e):
                 raise ConfigError(f"{e} (value from profile {profile_file})") from None
         raise
+    m = values["maintenance"]
+    if m["log_retention"].seconds < m["audit_horizon"].seconds:
+        raise ConfigError(f"{conf_path}: key 'maintenance.log_retention' ({m['log_retention']}) must be at "
+                          f"least 'maintenance.audit_horizon' ({m['audit_horizon']}): the audit reads the log")
     cfg = Config(values, conf_path, profile)
     # Resolve every duration the profile names now, so a bad one fails before Spark starts.
     for agg in profile.aggregations:

@@ -11,15 +11,69 @@ from common.config import Config
 from common.lineage import USER_METADATA_CONF, to_user_metadata
 
 
+def retention_properties(cfg: Config) -> dict[str, str]:
+    """Delta properties every lakehouse table carries, from conf maintenance.*: small files are
+    compacted after the commit that makes too many, and the log and removed files are kept at
+    least as long as the audit must prove old versions."""
+    m = cfg.maintenance
+    return {
+        "delta.autoOptimize.autoCompact": str(m.auto_compact).lower(),
+        "delta.logRetentionDuration": _interval(m.log_retention),
+        "delta.deletedFileRetentionDuration": _interval(m.audit_horizon),
+        "delta.checkpointInterval": str(m.checkpoint_interval),
+    }
+
+
+def _interval(duration) -> str:
+    return f"interval {int(duration.seconds)} seconds"
+
+
+def table_properties(spark, path: str) -> dict[str, str]:
+    """The table's properties from its cached snapshot: DESCRIBE DETAIL or SHOW TBLPROPERTIES
+    run a job (about 2 s each, on every start, for every table)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        conf = (spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+                .update(False, spark._jvm.scala.Option.empty(), spark._jvm.scala.Option.empty())
+                .metadata().configuration())
+    except Py4JError:     # an internal API: if a Delta upgrade moves it, pay for the job
+        return dict(DeltaTable.forPath(spark, path).detail().first()["properties"] or {})
+    it = conf.iterator()
+    out = {}
+    while it.hasNext():
+        pair = it.next()
+        out[pair._1()] = pair._2()
+    return out
+
+
+def align_properties(spark, path: str, wanted: dict[str, str]) -> dict[str, str]:
+    """Set the properties that differ; returns them. A metadata commit: concurrent writers of
+    the table would fail theirs, so only a process that holds the table's writers (a starting
+    pipeline) calls this."""
+    have = table_properties(spark, path)
+    changed = {k: v for k, v in wanted.items() if have.get(k) != v}
+    if changed:
+        pairs = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(changed.items()))
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({pairs})")
+    return changed
+
+
 def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by=(),
                  properties: dict[str, str] | None = None) -> str:
+    """Create the table if missing; an existing one gets the properties conf now asks for
+    (retention changed in conf applies at the next start, not only to new tables)."""
     path = cfg.table_path(layer, table)
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    if partition_by:
-        builder = builder.partitionedBy(*partition_by)
-    for key, value in (properties or {}).items():
-        builder = builder.property(key, value)
-    builder.execute()
+    wanted = {**retention_properties(cfg), **(properties or {})}
+    if DeltaTable.isDeltaTable(spark, path):
+        align_properties(spark, path, wanted)
+    else:
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        if partition_by:
+            builder = builder.partitionedBy(*partition_by)
+        for key, value in wanted.items():
+            builder = builder.property(key, value)
+        builder.execute()
     register_table(spark, cfg, layer, table)
     return path
 
@@ -63,6 +117,33 @@ def idempotent_append(df, path: str, app_id: str, version: int, metadata: dict |
     if metadata is not None:
         writer = writer.option("userMetadata", to_user_metadata(metadata))
     writer.save(path)
+
+
+CONFLICT_RETRIES = 3
+
+
+def retry_on_conflict(action, retries: int = CONFLICT_RETRIES):
+    """Run `action`; when a concurrent commit conflicts with it (table maintenance compacting
+    files a MERGE read, say), run it again on the new snapshot. `action` must rebuild its
+    DeltaTable and plan each time, and be safe to repeat: a failed commit wrote nothing."""
+    import time
+
+    for attempt in range(1, retries):
+        try:
+            return action()
+        except conflicts():
+            time.sleep(0.5 * attempt)
+    return action()
+
+
+def conflicts() -> tuple[type, ...]:
+    """Delta's commit-conflict exceptions. The classes pyspark raises (delta.exceptions.captured)
+    derive from each concrete base class, not from DeltaConcurrentModificationException."""
+    import delta.exceptions as E
+
+    return (E.DeltaConcurrentModificationException, E.ConcurrentWriteException, E.ConcurrentAppendException,
+            E.ConcurrentDeleteReadException, E.ConcurrentDeleteDeleteException,
+            E.ConcurrentTransactionException, E.MetadataChangedException, E.ProtocolChangedException)
 
 
 @contextmanager

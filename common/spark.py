@@ -49,6 +49,16 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # Small local tables: Delta's default of 50 partitions for its log state is overkill.
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.adaptive.enabled": "true",
+        # Table maintenance (conf maintenance.*): auto-compaction's threshold and the streaming
+        # checkpoints' history.
+        "spark.databricks.delta.autoCompact.minNumFiles": str(cfg.maintenance.auto_compact_min_files),
+        "spark.sql.streaming.minBatchesToRetain": str(cfg.maintenance.min_batches_to_retain),
+        # Delta refuses time travel past delta.deletedFileRetentionDuration counted in whole hours,
+        # so a horizon under an hour (the soak's) would refuse every old version. The audit checks
+        # the same horizon itself, to the second (audit.__main__._too_old).
+        "spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration": "false",
+        # VACUUM lists a table with this many tasks (default 10,000: 130 s for a one-folder table).
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(cfg.spark.shuffle_partitions),
         # Batch accounting reads per-batch progress; keep enough of it between polls.
         "spark.sql.streaming.numRecentProgressUpdates": "1000",
         # One application runs every layer: each layer's queries in its own FAIR pool.

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import commit_metadata, ensure_table
+from common.delta import commit_metadata, ensure_table, retry_on_conflict
 from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
@@ -38,7 +38,13 @@ def output_schema(spark, cfg, spec: GoldTable, silver_schema):
 
 
 def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
-    """MERGE the batch's updated rows; returns how many target rows changed."""
+    """MERGE the batch's updated rows; returns how many target rows changed. A conflict with a
+    concurrent compaction (make maintain, the runner's maintenance) replans and retries: the
+    MERGE is a function of the batch and the table's rows, which compaction does not change."""
+    return retry_on_conflict(lambda: _merge_once(spark, path, spec, updates, watermark_ms))
+
+
+def _merge_once(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
     cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in spec.keys)
     target = DeltaTable.forPath(spark, path)
     if spec.windowed:

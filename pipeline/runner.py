@@ -68,6 +68,39 @@ class FlowRun:
             self.done.put(self)
 
 
+class Maintainer:
+    """Processing-time runs maintain their own tables (compaction, VACUUM, ops retention) every
+    conf maintenance.interval, on a thread of the application, in the `maintenance` FAIR pool.
+    The ops tables are shared by every layer: only a run of the whole pipeline maintains them,
+    so layers deployed apart never compact the same table at once."""
+
+    def __init__(self, spark, cfg, layers: list[str], log):
+        self.spark, self.cfg, self.log = spark, cfg, log
+        self.layers = set(layers) | ({"ops"} if set(ORDER) <= set(layers) else set())
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="maintenance", daemon=True)
+
+    def _run(self) -> None:
+        from common.streaming import failure_message
+        from pipeline.maintenance import maintain, summary, tables_of
+
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "maintenance")
+        interval = self.cfg.maintenance.interval
+        vacuumed = time.monotonic()
+        while not self.stop.wait(interval.seconds):
+            started = time.monotonic()
+            # VACUUM lists every file (about 7 s a table here) and can delete only what was
+            # removed longer than the horizon ago: a quarter of the horizon between runs is enough.
+            vacuum = started - vacuumed >= self.cfg.maintenance.audit_horizon.seconds / 4
+            try:
+                results = maintain(self.spark, self.cfg, tables_of(self.cfg, self.layers), vacuum=vacuum)
+                vacuumed = started if vacuum else vacuumed
+                self.log(summary(results, time.monotonic() - started), flush=True)
+            except Exception as e:   # noqa: BLE001 - the queries go on; the next round tries again
+                self.log(f"warning: maintenance failed, next try in {interval}: {failure_message(e)}",
+                         file=sys.stderr, flush=True)
+
+
 def downstream(layers: list[Layer], name: str) -> set[str]:
     """The layer and every selected layer that reads from it, directly or not."""
     hit = {name}
@@ -169,7 +202,16 @@ class Runner:
             layer.prepare(self.spark)
         done: queue.Queue = queue.Queue()
         runs = self._start(self.layers, done)
-        self._supervise(runs, done)
+        maintainer = None
+        if self.cfg.maintenance.enabled:
+            maintainer = Maintainer(self.spark, self.cfg, [layer.name for layer in self.layers], self.log)
+            maintainer.thread.start()
+        try:
+            self._supervise(runs, done)
+        finally:
+            if maintainer is not None:
+                maintainer.stop.set()
+                maintainer.thread.join()
         if not self.failures:
             self.log("pipeline: every query stopped cleanly", flush=True)
 
