@@ -19,7 +19,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q PROFILE PROFILES_DIR
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit status report chaos maintain kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
+        seed-locations sql demo audit bench-audit soak status report chaos maintain kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -116,6 +116,10 @@ audit: setup ## Audit every table (TABLE=<name> for one): history, prefix integr
 # N and SEED have defaults for `make generate`; chaos takes them only when given on the command line.
 chaos: setup ## kill -9 the pipeline (MODE=split: single layers; MODE=mixed: both, one drain) at random points while data arrives, then audit (N=kills; SEED)
 	$(PY) -m chaos --kills $(if $(filter command line,$(origin N)),$(N),10) $(if $(filter command line,$(origin SEED)),--seed $(SEED)) $(if $(MODE),--mode $(MODE))
+
+# make soak MINUTES=30 RATE=200 (defaults: soak.minutes, soak.rate); NO_MAINTENANCE=1 to compare files per table.
+soak: setup ## The pipeline at a steady feed for MINUTES, sampled every minute; charts, audit; exit 1 if a series grows (RATE, NO_MAINTENANCE=1)
+	$(PY) -m bench.soak $(if $(MINUTES),--minutes $(MINUTES)) $(if $(RATE),--rate $(RATE)) $(if $(NO_MAINTENANCE),--no-maintenance)
 
 VERSIONS ?= 50
 bench-audit: setup ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/

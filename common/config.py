@@ -143,6 +143,16 @@ def _rate(v):
     return r
 
 
+def _pos_rate(v):
+    try:
+        r = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a positive number, got {v!r}") from None
+    if r <= 0:
+        raise ValueError(f"expected a positive number, got {v!r}")
+    return r
+
+
 def _timestamp(v):
     try:
         ts = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
@@ -204,6 +214,11 @@ SCHEMA: dict[str, dict[str, Any]] = {
                     "auto_compact_min_files": _pos_int, "audit_horizon": parse_duration,
                     "log_retention": parse_duration, "checkpoint_interval": _pos_int,
                     "ops_retention": parse_duration, "min_batches_to_retain": _pos_int},
+    "soak": {"minutes": _pos_rate, "rate": _pos_int, "event_time_speedup": _pos_rate,
+             "sample_interval": parse_duration, "warmup": parse_duration, "retention": parse_duration,
+             "maintenance_interval": parse_duration, "min_batches_to_retain": _pos_int,
+             "growth_limit": _pos_rate,
+             "max_files_per_table": _pos_int, "out": _str},
     "monitoring": {"progress_flush": parse_duration, "log_batches": _bool},
     "generator": {"devices": _pos_int, "unknown_devices": _int, "cameras_per_record_max": _pos_int,
                   "span": parse_duration, "start": _timestamp, "files": _pos_int,

@@ -1,0 +1,87 @@
+"""make soak: the growth judgement on synthetic series, and a real 3-minute soak end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.soak import KINDS, MB, judge, settle_s, verdicts
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_judge_flat_passes_growing_fails_tiny_noise_passes():
+    flat = [1000 * MB + (7 if i % 2 else -7) * MB for i in range(20)]
+    assert judge(flat, 64 * MB, 0.25)["verdict"] == "pass"
+
+    growing = [1000 * MB + i * 60 * MB for i in range(20)]       # +60 MB a sample: a leak
+    r = judge(growing, 64 * MB, 0.25)
+    assert r["verdict"] == "GROWS" and r["ratio"] > 1.25
+
+    # 3 files doubling to 12 is +300%, but below the floor of 50: not a finding.
+    tiny = [3, 4, 3, 5, 8, 12, 10, 12]
+    assert judge(tiny, 50, 0.25)["verdict"] == "pass"
+    # Above the floor the same relative growth fails.
+    assert judge([v * 100 for v in tiny], 50, 0.25)["verdict"] == "GROWS"
+
+    assert judge([1, 2, 3], 0, 0.25)["verdict"] == "short"
+
+
+def test_odd_counts_leave_the_middle_out_and_settle_times_follow_retention():
+    # 1, 1, [100], 1, 1: the middle sample belongs to neither half.
+    assert judge([1, 1, 100, 1, 1], 0, 0.25)["verdict"] == "pass"
+    ctx = {"warmup_s": 180, "retention_s": 600, "maintenance_interval_s": 120,
+           "min_batches_to_retain": 20, "slowest_interval_s": 30, "run_s": 1800}
+    assert settle_s("heap_used", ctx) == 180
+    assert settle_s("disk_files", ctx) == 720
+    assert settle_s("checkpoint_bytes", ctx) == 600
+
+
+def test_verdicts_judge_only_after_settling_and_chart_the_rest():
+    # A table whose files climb during warm-up, then hold: judged flat from the warm-up on.
+    samples = [{"t": t, "process": {}, "queries": {},
+                "tables": {"bronze.events": {"live_files": min(t, 180), "live_bytes": t * 1000}},
+                "checkpoints": {}} for t in range(60, 1801, 60)]
+    ctx = {"warmup_s": 180, "retention_s": 600, "maintenance_interval_s": 120,
+           "min_batches_to_retain": 20, "slowest_interval_s": 30, "run_s": 1800}
+    rows = {r["series"]: r for r in verdicts(samples, ctx, 0.25)}
+    assert rows["live_files[bronze.events]"]["verdict"] == "pass"
+    assert rows["live_files[bronze.events]"]["first_window"] == pytest.approx(144)   # 60, 120, 180, 180, 180
+    assert rows["live_bytes[bronze.events]"]["verdict"] == "info"
+
+
+@pytest.mark.slow
+def test_short_soak_end_to_end(tmp_path, env):
+    out = tmp_path / "soak"
+    # Three minutes on 2 cores judge halves of four samples each, taken while the JIT and the
+    # first maintenance round still compete with the batches: only gross growth (2x) fails here;
+    # the 30-minute soak judges the conf's 25%. Event time 4x faster still, so the dedup and
+    # gold watermarks close within a batch or two and state settles inside the short run.
+    env = dict(env, LAKEHOUSE__SOAK__GROWTH_LIMIT="1.0", LAKEHOUSE__SOAK__EVENT_TIME_SPEEDUP="240")
+    proc = subprocess.run([sys.executable, "-m", "bench.soak", "--minutes", "3", "--rate", "20",
+                           "--sample-interval", "15 seconds", "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    runs = list(out.iterdir())
+    assert len(runs) == 1, proc.stdout
+    run = runs[0]
+    detail = f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}\n{(run / 'pipeline.log').read_text()[-3000:]}"
+    assert proc.returncode == 0, detail
+    doc = json.loads((run / "samples.json").read_text())
+    assert doc["ok"] and not doc["problems"], detail
+    assert len(doc["samples"]) == 12
+    # Every kind has a series with samples; every kind judged from the warm-up on was judged.
+    kinds = {r["kind"] for r in doc["verdicts"]}
+    assert kinds == set(KINDS), set(KINDS) - kinds
+    early = {k for k, (_, _, floor) in KINDS.items() if floor is not None and settle_s(k, doc["judge"]) < 180}
+    assert early <= {r["kind"] for r in doc["verdicts"] if r["verdict"] == "pass"}
+    assert doc["audit"]["ok"], doc["audit"]
+    assert doc["audit"]["prefix"] and doc["audit"]["accounting"]
+    assert doc["end"]["tables"]["bronze.events"]["live_files"] > 0
+    assert (run / "index.html").is_file() and (run / "process.png").is_file()
+    assert {p.stem for p in run.glob("*.png")} >= {"live_files", "state_rows", "batch_ms_mean", "checkpoint_bytes"}
+    assert "soak PASS" in proc.stdout
+    # A passing soak leaves only its report behind.
+    assert not (run / "lakehouse").exists()
