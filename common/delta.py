@@ -47,6 +47,18 @@ def table_properties(spark, path: str) -> dict[str, str]:
     return out
 
 
+def live_files(spark, path: str) -> int:
+    """How many files the table's latest snapshot holds, from the cached snapshot (no job)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        return int(spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+                   .update(False, spark._jvm.scala.Option.empty(), spark._jvm.scala.Option.empty())
+                   .numOfFiles())
+    except Py4JError:
+        return int(DeltaTable.forPath(spark, path).detail().first()["numFiles"])
+
+
 def align_properties(spark, path: str, wanted: dict[str, str]) -> dict[str, str]:
     """Set the properties that differ; returns them. A metadata commit: concurrent writers of
     the table would fail theirs, so only a process that holds the table's writers (a starting

@@ -22,7 +22,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from common.delta import CONFLICT_RETRIES, conflicts, retry_on_conflict, retention_properties, table_properties
+from common.delta import (CONFLICT_RETRIES, conflicts, live_files, retention_properties, retry_on_conflict,
+                          table_properties)
 
 # Monitoring tables and the column that dates a row. ops.batch_accounting is not here: the
 # audit's accounting identities sum it from the first batch, so its rows are kept.
@@ -32,11 +33,12 @@ OPS_TIME = {("ops", "query_progress"): "timestamp", ("ops", "dq_results"): "eval
 @dataclass
 class Maintained:
     table: str
+    files: int = 0             # files in the table's snapshot before compaction
     compacted: int = 0         # small files OPTIMIZE replaced ...
     into: int = 0              # ... by this many
     on_disk_before: int = 0    # data files in the folder, live or waiting for VACUUM
     on_disk_after: int = 0
-    vacuumed: bool = False
+    vacuumed: str = ""         # "full" or "lite" when VACUUM ran
     ops_rows_deleted: int = 0
     seconds: float = 0.0
     note: str = ""             # "busy: ..." when a concurrent writer won every attempt
@@ -50,11 +52,17 @@ def _files_on_disk(path: str) -> int:
     return n
 
 
-def maintain_table(spark, cfg, layer: str, table: str, path: str, vacuum: bool = True) -> Maintained:
+VACUUM_MODES = ("full", "lite")
+
+
+def maintain_table(spark, cfg, layer: str, table: str, path: str, vacuum: str | None = "full") -> Maintained:
+    """Ops retention, then OPTIMIZE once the table holds maintenance.compact_min_files files, then
+    VACUUM: "full" lists the table's folder (and so also removes files a killed batch left
+    behind), "lite" only the files the log says were removed, a fraction of the cost."""
     from delta.tables import DeltaTable
 
     started = time.monotonic()
-    result = Maintained(f"{layer}.{table}", on_disk_before=_files_on_disk(path))
+    result = Maintained(f"{layer}.{table}", on_disk_before=_files_on_disk(path), files=live_files(spark, path))
     try:
         column = OPS_TIME.get((layer, table))
         if column:
@@ -64,9 +72,12 @@ def maintain_table(spark, cfg, layer: str, table: str, path: str, vacuum: bool =
             if not DeltaTable.forPath(spark, path).toDF().where(cond).isEmpty():
                 retry_on_conflict(lambda: DeltaTable.forPath(spark, path).delete(cond))
                 result.ops_rows_deleted = _deleted_rows(spark, path)
-        metrics = retry_on_conflict(lambda: DeltaTable.forPath(spark, path).optimize().executeCompaction()
-                                    .first()["metrics"])
-        result.compacted, result.into = int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
+        # Below the threshold a rewrite buys little and costs an OPTIMIZE's jobs (seconds on 2
+        # cores, per table, every round) and a chance of conflicting with gold's MERGE.
+        if result.files >= cfg.maintenance.compact_min_files:
+            metrics = retry_on_conflict(lambda: DeltaTable.forPath(spark, path).optimize().executeCompaction()
+                                        .first()["metrics"])
+            result.compacted, result.into = int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
     except conflicts() as e:
         result.note = f"busy: {type(e).__name__} {CONFLICT_RETRIES} times, left for the next round"
     if vacuum:
@@ -82,11 +93,26 @@ def maintain_table(spark, cfg, layer: str, table: str, path: str, vacuum: bool =
         # Delta's check refuses a table retention under 7 days; the table's is the audit horizon
         # from conf, which is the authority (nothing in the lakehouse reads older versions).
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-        DeltaTable.forPath(spark, path).vacuum()
-        result.vacuumed = True
+        result.vacuumed = _vacuum(spark, path, vacuum)
     result.on_disk_after = _files_on_disk(path)
     result.seconds = round(time.monotonic() - started, 2)
     return result
+
+
+def _vacuum(spark, path: str, mode: str) -> str:
+    """VACUUM in `mode`; returns the mode that ran. LITE needs the log entries since the last
+    VACUUM: once log cleanup has passed them Delta refuses it, and a FULL one runs instead."""
+    from pyspark.errors import PySparkException
+
+    if mode == "lite":
+        try:
+            spark.sql(f"VACUUM delta.`{path}` LITE")
+            return "lite"
+        except PySparkException as e:
+            if "VACUUM_LITE" not in str(e):
+                raise
+    spark.sql(f"VACUUM delta.`{path}` FULL")
+    return "full"
 
 
 def _deleted_rows(spark, path: str) -> int:
@@ -105,7 +131,7 @@ def tables_of(cfg, layers=None) -> list[tuple[str, str, str]]:
     return [t for t in existing_tables(cfg) if layers is None or t[0] in layers]
 
 
-def maintain(spark, cfg, tables=None, vacuum: bool = True) -> list[Maintained]:
+def maintain(spark, cfg, tables=None, vacuum: str | None = "full") -> list[Maintained]:
     """Maintain every existing lakehouse table (or `tables`: (layer, table, path) triples)."""
     return [maintain_table(spark, cfg, layer, table, path, vacuum)
             for layer, table, path in (tables_of(cfg) if tables is None else tables)]
@@ -116,7 +142,8 @@ def summary(results: list[Maintained], seconds: float) -> str:
     return (f"maintenance: {len(results)} tables, compacted {sum(r.compacted for r in results)} files into "
             f"{sum(r.into for r in results)}, data files on disk {sum(r.on_disk_before for r in results)} -> "
             f"{sum(r.on_disk_after for r in results)}"
-            + (" (vacuumed)" if any(r.vacuumed for r in results) else "") + f", {seconds:.1f} s"
+            + "".join(f" (vacuumed, {m})" for m in VACUUM_MODES if any(r.vacuumed == m for r in results))
+            + f", {seconds:.1f} s"
             + (f"; busy, skipped: {', '.join(busy)}" if busy else ""))
 
 
@@ -127,6 +154,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", action="append", help="layer.table to maintain (repeatable; default: all)")
     p.add_argument("--no-vacuum", action="store_true", help="compact only")
+    p.add_argument("--lite", action="store_true",
+                   help="VACUUM LITE: only files the log says were removed (fast; the pipeline's own rounds use it); "
+                        "the default FULL also removes files a killed batch left behind")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = p.parse_args(argv)
     try:
@@ -151,7 +181,7 @@ def main(argv=None) -> int:
     spark = build_spark(cfg, f"{cfg.spark.app_name}:maintain")
     try:
         started = time.monotonic()
-        results = maintain(spark, cfg, chosen, vacuum=not args.no_vacuum)
+        results = maintain(spark, cfg, chosen, vacuum=None if args.no_vacuum else "lite" if args.lite else "full")
         took = time.monotonic() - started
     finally:
         spark.stop()
@@ -160,9 +190,9 @@ def main(argv=None) -> int:
                           "audit_horizon": str(cfg.maintenance.audit_horizon)}, indent=2))
     else:
         width = max(len(r.table) for r in results)
-        print(f"{'table':<{width}}  compacted  files on disk  ops rows deleted  seconds")
+        print(f"{'table':<{width}}  files  compacted  files on disk  ops rows deleted  seconds")
         for r in results:
-            print(f"{r.table:<{width}}  {r.compacted:>4} -> {r.into:<3} {r.on_disk_before:>5} -> {r.on_disk_after:<5}"
+            print(f"{r.table:<{width}}  {r.files:>5}  {r.compacted:>4} -> {r.into:<3} {r.on_disk_before:>5} -> {r.on_disk_after:<5}"
                   f"  {r.ops_rows_deleted:>16}  {r.seconds:>7.1f}" + (f"  {r.note}" if r.note else ""))
         print(summary(results, took) + f" (VACUUM keeps {cfg.maintenance.audit_horizon} of history: the audit horizon)")
     return 0

@@ -40,6 +40,26 @@ def test_every_table_carries_the_retention_of_conf_and_a_changed_conf_applies_at
     assert props["delta.autoOptimize.autoCompact"] == "false"
 
 
+def test_maintenance_compacts_only_a_table_with_enough_files_and_vacuums_lite(spark, env, cfg):
+    from pipeline.maintenance import maintain_table
+    from common.delta import live_files
+
+    path = cfg.table_path("silver", "device_locations")
+    for n in range(3):
+        spark.range(n * 10, n * 10 + 10).coalesce(1).write.format("delta").mode("append").save(path)
+    assert live_files(spark, path) == 3
+
+    few = maintain_table(spark, cfg, "silver", "device_locations", path, vacuum=None)    # compact_min_files 10
+    assert (few.files, few.compacted, few.vacuumed) == (3, 0, "")
+    eager = load_config(env=dict(env, LAKEHOUSE__MAINTENANCE__COMPACT_MIN_FILES="3"))
+    done = maintain_table(spark, eager, "silver", "device_locations", path, vacuum="lite")
+    assert (done.compacted, done.into, done.vacuumed) == (3, 1, "lite")
+    assert live_files(spark, path) == 1 and spark.read.format("delta").load(path).count() == 30
+    # The horizon (7 days) keeps the three small files on disk: older versions stay readable.
+    assert done.on_disk_after == 4
+    assert spark.read.format("delta").option("versionAsOf", 2).load(path).count() == 30
+
+
 def test_an_audit_horizon_longer_than_the_log_retention_is_refused(env):
     from common.config import ConfigError
 
@@ -64,7 +84,8 @@ def test_maintenance_beside_a_live_pipeline_fails_no_query_and_the_audit_knows_i
 
     env = dict(env, TRIGGER="processing-time", TRIGGER_INTERVAL="2 seconds",
                LAKEHOUSE__MAINTENANCE__INTERVAL="20 seconds",
-               LAKEHOUSE__MAINTENANCE__AUTO_COMPACT_MIN_FILES="4")
+               LAKEHOUSE__MAINTENANCE__AUTO_COMPACT_MIN_FILES="4", LAKEHOUSE__MAINTENANCE__COMPACT_MIN_FILES="2")
+    cfg = load_config(env=env)
     _generate(env, 600, 4, 3)
     run = Run(env)
     try:
@@ -77,8 +98,9 @@ def test_maintenance_beside_a_live_pipeline_fails_no_query_and_the_audit_knows_i
         for seed in (11, 12):
             _generate(env, 200, seed, 2)
             tables = tables_of(cfg) if seed == 11 else [t for t in tables_of(cfg) if f"{t[0]}.{t[1]}" in busy]
-            results = maintain(spark, cfg, tables, vacuum=seed == 12)
+            results = maintain(spark, cfg, tables, vacuum="lite" if seed == 12 else None)
             assert {r.table for r in results} >= busy
+        assert {r.vacuumed for r in results} == {"lite"}
         # ... and the pipeline's own maintenance round, in the application, ran too.
         run.wait_for(r"^maintenance: \d+ tables, compacted \d+ files", 120)
         run.wait_for(r"^gold_device_sessions\s+batch \d+  [1-9][\d,]* rows", 200)
@@ -113,6 +135,7 @@ def test_maintenance_beside_a_live_pipeline_fails_no_query_and_the_audit_knows_i
         align_properties(spark, path, retention_properties(short))
     results = maintain(spark, short, [("gold", "device_sessions", gold)])
     assert sum(r.on_disk_before - r.on_disk_after for r in results) > 0, "VACUUM deleted nothing"
+    assert results[0].vacuumed == "full"
     report = run_audit(spark, short)
     assert report["ok"], report["failures"]
     checks = [c for t in report["tables"] for c in t.get("prefix", [])]
