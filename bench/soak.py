@@ -362,15 +362,37 @@ def judge(values: list[float], floor: float, limit: float) -> dict:
             "ratio": round(b / a, 3) if a else None}
 
 
+# Spark's state stores snapshot every spark.sql.streaming.stateStore.minDeltasForSnapshot (10)
+# batches and clean up only behind the snapshot before the oldest batch retained.
+SNAPSHOT_DELTAS = 10
+
+
 def settle_s(kind: str, ctx: dict) -> float:
     """When a kind's series can be flat: after warmup, and after a full retention (plus one
-    maintenance round) for retention-bound ones, and after min_batches_to_retain batches of the
-    slowest query for checkpoint folders (older batches are only then cleaned up)."""
+    maintenance round) for retention-bound ones, and for checkpoint folders once every stateful
+    query has made min_batches_to_retain + SNAPSHOT_DELTAS batches (older ones are only then
+    cleaned up): counted from the samples when known (a query slower than its trigger takes
+    longer than its interval suggests), else estimated from the slowest trigger interval."""
     if kind in RETENTION_BOUND:
         return max(ctx["warmup_s"], ctx["retention_s"] + ctx["maintenance_interval_s"])
     if kind == "checkpoint_bytes":
-        return max(ctx["warmup_s"], ctx["min_batches_to_retain"] * ctx["slowest_interval_s"])
+        estimate = (ctx["min_batches_to_retain"] + SNAPSHOT_DELTAS) * ctx["slowest_interval_s"]
+        return max(ctx["warmup_s"], ctx.get("checkpoint_settled_s", estimate))
     return ctx["warmup_s"]
+
+
+def checkpoint_settled_s(samples: list[dict], batches_needed: int, never: float) -> float:
+    """The first sample time by which every stateful query has made `batches_needed` batches
+    since sampling began; `never` when one has not by the end."""
+    done: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    stateful = {q for s in samples for q, v in s.get("queries", {}).items() if v.get("state_rows") is not None}
+    for s in samples:
+        for q in stateful:
+            counts[q] = counts.get(q, 0) + (s.get("queries", {}).get(q, {}).get("batches") or 0)
+            if counts[q] >= batches_needed and q not in done:
+                done[q] = s["t"]
+    return max(done.values()) if stateful and len(done) == len(stateful) else never
 
 
 def window_mean(points, lo: float, hi: float) -> float | None:
@@ -382,6 +404,9 @@ def verdicts(samples: list[dict], ctx: dict, limit: float) -> list[dict]:
     """One row per series: first and last window means (the report's figures), the halves
     judged and the verdict (info for series that are only charted)."""
     run_s = ctx["run_s"]
+    if "checkpoint_settled_s" not in ctx:
+        ctx = dict(ctx, checkpoint_settled_s=checkpoint_settled_s(
+            samples, ctx["min_batches_to_retain"] + SNAPSHOT_DELTAS, never=run_s + 1))
     win = 300 if run_s >= 20 * 60 else run_s / 4     # first vs last 5 min; a quarter for short runs
     rows = []
     for (kind, subject), points in sorted(series(samples).items()):
@@ -634,6 +659,8 @@ def run(args, env: dict, cfg) -> int:
            "maintenance_interval_s": soak.maintenance_interval.seconds,
            "min_batches_to_retain": soak.min_batches_to_retain,
            "slowest_interval_s": max(meta["intervals_s"].values())}
+    ctx["checkpoint_settled_s"] = checkpoint_settled_s(samples, soak.min_batches_to_retain + SNAPSHOT_DELTAS,
+                                                       never=run_s + 1)
     rows = verdicts(samples, ctx, soak.growth_limit)
     problems += [f"{r['series']} grows: {fmt(r['first_half'], r['unit'])} -> {fmt(r['second_half'], r['unit'])} "
                  f"(x{r['ratio']})" for r in rows if r["verdict"] == "GROWS"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import KINDS, MB, judge, settle_s, verdicts
+from bench.soak import KINDS, MB, checkpoint_settled_s, judge, settle_s, verdicts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,18 @@ def test_odd_counts_leave_the_middle_out_and_settle_times_follow_retention():
            "min_batches_to_retain": 20, "slowest_interval_s": 30, "run_s": 1800}
     assert settle_s("heap_used", ctx) == 180
     assert settle_s("disk_files", ctx) == 720
-    assert settle_s("checkpoint_bytes", ctx) == 600
+    assert settle_s("checkpoint_bytes", ctx) == 900        # (20 retained + 10 to a snapshot) x 30 s
+
+
+def test_checkpoints_are_judged_once_every_stateful_query_made_enough_batches():
+    # silver is stateful and slower than its trigger (one batch a minute); bronze has no state.
+    samples = [{"t": t, "queries": {"silver": {"batches": 1, "state_rows": 5},
+                                    "bronze": {"batches": 6, "state_rows": None}}} for t in range(60, 1801, 60)]
+    assert checkpoint_settled_s(samples, 30, never=1801) == 1800
+    assert checkpoint_settled_s(samples, 31, never=1801) == 1801
+    ctx = {"warmup_s": 180, "retention_s": 600, "maintenance_interval_s": 120,
+           "min_batches_to_retain": 20, "slowest_interval_s": 30, "run_s": 1800, "checkpoint_settled_s": 1200}
+    assert settle_s("checkpoint_bytes", ctx) == 1200
 
 
 def test_verdicts_judge_only_after_settling_and_chart_the_rest():
