@@ -177,14 +177,6 @@ def _tree(path: Path, skip_hidden: bool = True) -> tuple[int, int]:
     return files, size
 
 
-def _data_files(table: Path) -> int:
-    files = 0
-    for d, dirs, names in os.walk(table):
-        dirs[:] = [x for x in dirs if x != "_delta_log"]
-        files += sum(1 for n in names if n.endswith(".parquet") and not n.startswith("."))
-    return files
-
-
 def log_read_bytes(log_dir: Path) -> int:
     """Bytes a reader loads for the latest snapshot: the last checkpoint and the commits after it."""
     try:
@@ -282,6 +274,7 @@ class Sampler:
 
     def tables(self) -> dict:
         from common.catalog import existing_tables
+        from pipeline.maintenance import files_on_disk
 
         out = {}
         for layer, table, path in existing_tables(self.cfg):
@@ -290,7 +283,7 @@ class Sampler:
             log_files, log_bytes = _tree(folder / "_delta_log", skip_hidden=False)
             disk_bytes = _tree(folder, skip_hidden=False)[1] - log_bytes
             out[f"{layer}.{table}"] = {"live_files": live_files, "live_bytes": live_bytes,
-                                       "disk_files": _data_files(folder), "disk_bytes": disk_bytes,
+                                       "disk_files": files_on_disk(folder), "disk_bytes": disk_bytes,
                                        "log_files": log_files, "log_bytes": log_bytes,
                                        "log_read_bytes": log_read_bytes(folder / "_delta_log")}
         return out

@@ -14,18 +14,9 @@ matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.soak import KINDS, MB, fmt, series, summary_table  # noqa: E402
+from common.report import grid  # noqa: E402
 
 SCALE = {"bytes": (MB, "MB"), "ms": (1000, "s")}
-
-
-def _grid(n: int, title: str):
-    cols = min(n, 3)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 2.8 * rows), squeeze=False)
-    fig.suptitle(title, fontsize=13)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat[:n])
 
 
 def _panel(ax, points, unit: str, label: str, verdict: dict | None) -> None:
@@ -60,7 +51,7 @@ def write_charts(samples: list[dict], rows: list[dict], ctx: dict, out: Path) ->
     for name, title, keys in groups:
         if not keys:
             continue
-        fig, axes = _grid(len(keys), title + "; dashed: judged from, dotted: half means")
+        fig, axes = grid(len(keys), title + "; dashed: judged from, dotted: half means", max_cols=3, panel=(5.2, 2.8))
         for ax, (kind, subject) in zip(axes, keys):
             _panel(ax, data[(kind, subject)], KINDS[kind][1], subject or kind, by_series.get((kind, subject)))
         fig.tight_layout()

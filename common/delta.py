@@ -28,15 +28,21 @@ def _interval(duration) -> str:
     return f"interval {int(duration.seconds)} seconds"
 
 
+def _snapshot(spark, path: str):
+    """The table's latest snapshot through Delta's JVM API (cached per path; an internal API,
+    so callers fall back to a job when a Delta upgrade moves it)."""
+    jvm = spark._jvm
+    return (jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+            .update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()))
+
+
 def table_properties(spark, path: str) -> dict[str, str]:
     """The table's properties from its cached snapshot: DESCRIBE DETAIL or SHOW TBLPROPERTIES
     run a job (about 2 s each, on every start, for every table)."""
     from py4j.protocol import Py4JError
 
     try:
-        conf = (spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-                .update(False, spark._jvm.scala.Option.empty(), spark._jvm.scala.Option.empty())
-                .metadata().configuration())
+        conf = _snapshot(spark, path).metadata().configuration()
     except Py4JError:     # an internal API: if a Delta upgrade moves it, pay for the job
         return dict(DeltaTable.forPath(spark, path).detail().first()["properties"] or {})
     it = conf.iterator()
@@ -52,9 +58,7 @@ def live_files(spark, path: str) -> int:
     from py4j.protocol import Py4JError
 
     try:
-        return int(spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-                   .update(False, spark._jvm.scala.Option.empty(), spark._jvm.scala.Option.empty())
-                   .numOfFiles())
+        return int(_snapshot(spark, path).numOfFiles())
     except Py4JError:
         return int(DeltaTable.forPath(spark, path).detail().first()["numFiles"])
 

@@ -28,10 +28,11 @@ def _read(spark, cfg, layer: str, table: str):
     return spark.read.format("delta").load(path) if (Path(path) / "_delta_log").is_dir() else None
 
 
-def _grid(n: int, title: str):
-    cols = min(n, 2)
+def grid(n: int, title: str, max_cols: int = 2, panel: tuple[float, float] = (7, 3.2)):
+    """A figure of n panels, max_cols a row; returns the figure and its n axes."""
+    cols = min(n, max_cols)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel[0] * cols, panel[1] * rows), squeeze=False)
     fig.suptitle(title, fontsize=13)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
@@ -58,7 +59,7 @@ def rate_charts(progress, cfg, out: Path) -> list[Path]:
     queries = sorted(progress["query_name"].dropna().unique())
     if not queries:
         return []
-    fig, axes = _grid(len(queries), "Input rate vs processing rate (rows/s)")
+    fig, axes = grid(len(queries), "Input rate vs processing rate (rows/s)")
     for ax, q in zip(axes, queries):
         d = progress[progress["query_name"] == q]
         ax.plot(d["timestamp"], d["input_rows_per_second"], label="input", color="tab:red", marker="o", ms=3)
@@ -72,7 +73,7 @@ def rate_charts(progress, cfg, out: Path) -> list[Path]:
         ax.legend(fontsize=8)
     rates = _save(fig, out / "rates.png")
 
-    fig, axes = _grid(len(queries), "Batch duration (s); dashed: trigger interval")
+    fig, axes = grid(len(queries), "Batch duration (s); dashed: trigger interval")
     for ax, q in zip(axes, queries):
         d = progress[progress["query_name"] == q]
         ax.bar(d["batch_id"], d["batch_duration_ms"] / 1000, color="tab:blue")
@@ -87,7 +88,7 @@ def rate_charts(progress, cfg, out: Path) -> list[Path]:
     stateful = [q for q in queries if progress[progress["query_name"] == q]["state_rows"].notna().any()]
     charts = [rates, durations]
     if stateful:
-        fig, axes = _grid(len(stateful), "State rows over time")
+        fig, axes = grid(len(stateful), "State rows over time")
         for ax, q in zip(axes, stateful):
             d = progress[progress["query_name"] == q]
             ax.plot(d["timestamp"], d["state_rows"], marker="o", ms=3, color="tab:purple")
@@ -102,7 +103,7 @@ def quality_chart(dq, out: Path) -> Path | None:
         return None
     failed = (dq.assign(failed=~dq["success"]).groupby(["query", "batch_id"])["failed"].sum().reset_index())
     queries = sorted(failed["query"].unique())
-    fig, axes = _grid(len(queries), "Failed expectations per batch")
+    fig, axes = grid(len(queries), "Failed expectations per batch")
     for ax, q in zip(axes, queries):
         d = failed[failed["query"] == q]
         ax.bar(d["batch_id"], d["failed"], color="tab:orange")

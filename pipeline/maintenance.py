@@ -44,11 +44,12 @@ class Maintained:
     note: str = ""             # "busy: ..." when a concurrent writer won every attempt
 
 
-def _files_on_disk(path: str) -> int:
+def files_on_disk(path) -> int:
+    """Data files in the table's folder, live or waiting for VACUUM (hidden ones are temp files)."""
     n = 0
     for folder, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != "_delta_log"]
-        n += sum(1 for f in files if f.endswith(".parquet"))
+        n += sum(1 for f in files if f.endswith(".parquet") and not f.startswith("."))
     return n
 
 
@@ -62,7 +63,7 @@ def maintain_table(spark, cfg, layer: str, table: str, path: str, vacuum: str | 
     from delta.tables import DeltaTable
 
     started = time.monotonic()
-    result = Maintained(f"{layer}.{table}", on_disk_before=_files_on_disk(path), files=live_files(spark, path))
+    result = Maintained(f"{layer}.{table}", on_disk_before=files_on_disk(path), files=live_files(spark, path))
     try:
         column = OPS_TIME.get((layer, table))
         if column:
@@ -94,7 +95,7 @@ def maintain_table(spark, cfg, layer: str, table: str, path: str, vacuum: str | 
         # from conf, which is the authority (nothing in the lakehouse reads older versions).
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
         result.vacuumed = _vacuum(spark, path, vacuum)
-    result.on_disk_after = _files_on_disk(path)
+    result.on_disk_after = files_on_disk(path)
     result.seconds = round(time.monotonic() - started, 2)
     return result
 

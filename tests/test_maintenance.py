@@ -3,7 +3,6 @@ pipeline (no query fails), and an audit that reports versions older than its hor
 vacuumed instead of failing on them."""
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -104,11 +103,9 @@ def test_maintenance_beside_a_live_pipeline_fails_no_query_and_the_audit_knows_i
         # ... and the pipeline's own maintenance round, in the application, ran too.
         run.wait_for(r"^maintenance: \d+ tables, compacted \d+ files", 120)
         run.wait_for(r"^gold_device_sessions\s+batch \d+  [1-9][\d,]* rows", 200)
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.proc.wait(240) == 0, run.text()[-4000:]
+        run.stop()
     finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
+        run.kill_if_running()
     assert "pipeline: every query stopped cleanly" in run.text()
     assert "warning: maintenance failed" not in run.text()
     compacted = [t for t in ("silver.camera_events", "gold.zip_hourly_sightings", "gold.device_activity",

@@ -40,6 +40,15 @@ class Run:
             time.sleep(0.5)
         raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.text()[-4000:]}")
 
+    def stop(self, timeout: float = 240) -> None:
+        """SIGTERM, as an operator stops a processing-time run; it must exit 0 in time."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout) == 0, self.text()[-4000:]
+
+    def kill_if_running(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
 
 def test_continuous_run_all_is_one_application_and_a_signal_stops_it_cleanly(spark, env, cfg):
     env = dict(env, TRIGGER="processing-time", TRIGGER_INTERVAL="2 seconds")
@@ -59,11 +68,9 @@ def test_continuous_run_all_is_one_application_and_a_signal_stops_it_cleanly(spa
 
         jvms = [p for p in descendants(run.proc.pid) if "java" in _cmdline(p)]
         assert len(jvms) == 1, jvms
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.proc.wait(240) == 0, run.text()[-4000:]
+        run.stop()
     finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
+        run.kill_if_running()
     assert "pipeline: every query stopped cleanly" in run.text()
     silver = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
     assert silver == 600
