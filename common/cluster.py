@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from common.kafka_broker import free_port
+from common.processes import free_port
 from common.processes import process_table
 
 HOST = "127.0.0.1"

@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +17,7 @@ from pathlib import Path
 
 from common.config import ConfigError, load_config
 from common.jars import kafka_broker_classpath
+from common.processes import live_pid, port_open, terminate
 
 LOG4J2 = """\
 rootLogger.level = WARN
@@ -35,18 +34,6 @@ logger.kafka.level = INFO
 
 class BrokerError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def wait_for_kafka(bootstrap: str, timeout: float) -> None:
@@ -138,19 +125,14 @@ class Broker:
                 "-cp", kafka_broker_classpath(), main, *args]
 
     def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().strip())
-            os.kill(pid, 0)
-            return pid
-        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-            return None
+        return live_pid(self.pid_file)
 
     def start(self, timeout: float = 60.0) -> None:
         if self.pid():
             wait_for_kafka(self.bootstrap, timeout)
             return
         for p in (self.port, self.controller_port):
-            if _port_open(p):
+            if port_open(p):
                 raise BrokerError(f"port {p} on 127.0.0.1 is already in use by another process; "
                                   "set kafka.port / KAFKA_PORT to a free one")
         props = self._write_config()
@@ -169,7 +151,7 @@ class Broker:
                                     start_new_session=True)
         self.pid_file.write_text(str(proc.pid))
         deadline = time.monotonic() + timeout
-        while not _port_open(self.port):
+        while not port_open(self.port):
             if proc.poll() is not None:
                 raise BrokerError(f"the broker exited with code {proc.returncode}; see {self.log_file}")
             if time.monotonic() > deadline:
@@ -181,26 +163,10 @@ class Broker:
 
     def stop(self, timeout: float = 30.0) -> bool:
         pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        os.kill(pid, signal.SIGTERM)  # controlled shutdown: flushes logs, closes segments
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            try:  # reap it if it is our child (tests), so it doesn't linger as a zombie
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    break
-            except ChildProcessError:
-                pass
-            time.sleep(0.2)
-        else:
-            os.kill(pid, signal.SIGKILL)
+        if pid is not None:
+            terminate(pid, timeout)  # controlled shutdown: flushes logs, closes segments
         self.pid_file.unlink(missing_ok=True)
-        return True
+        return pid is not None
 
 
 def broker_from_config(cfg) -> Broker:

@@ -1,4 +1,5 @@
-"""Process-tree helpers for the tests and tools that launch job processes (chaos, cluster, bench).
+"""Process helpers for the tools and tests that launch processes: job trees (chaos, cluster,
+bench) and the local servers (Kafka broker, S3 server).
 
 Jobs run in their own sessions (run-all) and fork a JVM, so signalling one pid is not enough:
 these find and end every descendant, and check that nothing was left behind.
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 from common.spark import C1_ONLY
@@ -72,3 +75,43 @@ def processes_using(path: Path) -> list[str]:
         if needle in cmd or cwd.startswith(needle):
             found.append(f"{pid}: {cmd[:200]}")
     return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def live_pid(pid_file: Path) -> int | None:
+    """The pid a local server (Kafka broker, S3 server) recorded, if that process still runs."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return None
+
+
+def terminate(pid: int, timeout: float = 30.0) -> None:
+    """SIGTERM (a clean shutdown), SIGKILL after timeout; reaps it when it is our child."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap it if it is our child (tests), so it doesn't linger as a zombie
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)

@@ -20,7 +20,8 @@ import pytest
 
 from common.processes import kill_tree
 from common.config import load_config
-from common.kafka_broker import Broker, ensure_topic, free_port
+from common.kafka_broker import Broker, ensure_topic
+from common.processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "outage-events"
