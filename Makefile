@@ -19,7 +19,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q PROFILE PROFILES_DIR
 
 .PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit soak status report chaos maintain kafka-up kafka-down kafka-status clean clean-lakehouse diff restore
+        seed-locations sql demo audit bench-audit soak status report chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -34,14 +34,16 @@ $(PY_STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $@
 
-$(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/settings.xml
+$(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3proxy/pom.xml jvm/settings.xml
 	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the JVM jars"; exit 1; }
 	@command -v java >/dev/null || { echo "error: a JDK 17 (java) is required"; exit 1; }
 	@# Fetch beside the live folders and swap at the end, so running jobs never see a half-empty cache.
 	rm -rf $(CACHE)/jars/.new && mkdir -p $(CACHE)/jars/.new
 	$(MVN) -f jvm/spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/spark
 	$(MVN) -f jvm/kafka-broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/kafka
-	for d in spark kafka; do rm -rf $(CACHE)/jars/$$d && mv $(CACHE)/jars/.new/$$d $(CACHE)/jars/$$d; done
+	$(MVN) -f jvm/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/s3a
+	$(MVN) -f jvm/s3proxy/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/s3proxy
+	for d in spark kafka s3a s3proxy; do rm -rf $(CACHE)/jars/$$d && mv $(CACHE)/jars/.new/$$d $(CACHE)/jars/$$d; done
 	rm -rf $(CACHE)/jars/.new
 	@touch $@
 
@@ -63,8 +65,8 @@ kafka-status: ## Is the local broker up?
 clean-lakehouse: ## Delete the lakehouse (tables, checkpoints, landing) under LAKEHOUSE_ROOT
 	rm -rf $${LAKEHOUSE_ROOT:-./lakehouse}
 
-clean: kafka-down ## Remove venv, jar cache, broker data and the default lakehouse
-	rm -rf $(VENV) $(CACHE) .kafka lakehouse .pytest_cache
+clean: kafka-down s3-down ## Remove venv, jar cache, broker and S3 server data and the default lakehouse
+	rm -rf $(VENV) $(CACHE) .kafka .s3 lakehouse .pytest_cache
 
 generate: setup ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) + device_locations
 	$(PY) -m bronze.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST))
@@ -96,10 +98,19 @@ run-all: setup ## bronze -> silver -> gold in one Spark application; TRIGGER=pro
 	$(PY) -m pipeline $(if $(TRIGGER),--trigger $(TRIGGER))
 
 DEMO_N ?= 20000
-demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql)
+STORE  ?= local
+demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql); STORE=s3 on the local S3 server
+ifeq ($(STORE),s3)
+	$(PY) -m common.s3_server up
+	eval "$$($(PY) -m common.s3_server env --prefix demo)" && \
+	  $(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED) && \
+	  $(PY) -m pipeline && \
+	  $(PY) -m common.sql -f conf/demo.sql 2>/dev/null
+else
 	$(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED)
 	$(MAKE) --no-print-directory run-all
 	@$(PY) -m common.sql -f conf/demo.sql 2>/dev/null
+endif
 
 status: setup ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
 	@$(PY) -m common.status $(if $(JSON),--json)
@@ -133,3 +144,15 @@ BENCH_N := $(N)
 endif
 bench: setup ## Ceiling, layer throughput, incremental cost, latency, state, quality on BENCH_N events (ONLY=a,b..., BENCH_ARGS=...)
 	$(PY) -m bench.run -n $(BENCH_N) $(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
+
+s3-up: setup ## Start the local S3-compatible server (S3Proxy) on 127.0.0.1 with the bucket from conf
+	$(PY) -m common.s3_server up
+
+s3-down: ## Stop the local S3 server
+	@test -x $(PY) && $(PY) -m common.s3_server down || true
+
+s3-status: ## Is the local S3 server up?
+	$(PY) -m common.s3_server status
+
+s3-env: ## Print the exports (endpoint, credentials) that point a shell at the local S3 server
+	@$(PY) -m common.s3_server env

@@ -13,9 +13,9 @@ import argparse
 import re
 import sys
 import textwrap
-from pathlib import Path
 
 from common.config import ConfigError, load_config
+from common.storage import location
 from common.streaming import fail
 
 from audit.diff import (VersionError, check_version, error_text, history, operations_table,
@@ -46,7 +46,7 @@ def stream_warnings(cfg, name: str, files_removed: int, files_readded: int) -> l
         outputs = OUTPUTS.get(q, ())
         head = f"{q} reads {name} as a stream (and writes {', '.join(outputs)})."
         ck = cfg.checkpoint(q)
-        if not Path(ck).exists():
+        if not location(ck).exists():
             out.append(f"{head} It has not run yet, so its first run reads the restored table.")
         elif not (files_removed or files_readded):
             out.append(f"{head} The RESTORE commit changes no data files, so it is unaffected.")
@@ -61,7 +61,7 @@ def stream_warnings(cfg, name: str, files_removed: int, files_readded: int) -> l
                        f"skipChangeCommits=true (the jobs do not set it).")
     for q in WRITERS.get(name, ()):
         ck = cfg.checkpoint(q)
-        if not Path(ck).exists():
+        if not location(ck).exists():
             out.append(f"{q} writes {name} as a stream (`{job_command(q)}`).")
             continue
         outputs = OUTPUTS.get(q, (name,))

@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common.config import Config
+from common.storage import is_delta_table
 
 
 def writers(cfg: Config) -> dict[str, tuple[str, ...]]:
@@ -41,13 +42,13 @@ def resolve(cfg: Config, name: str, must_exist: bool = True) -> str:
     if table not in cfg.tables.get(layer, ()):
         raise TableError(f"unknown table {name!r}; known tables: {', '.join(all_names(cfg))}")
     path = cfg.table_path(layer, table)
-    if must_exist and not (Path(path) / "_delta_log").is_dir():
+    if must_exist and not is_delta_table(path):
         raise TableError(f"table {name} does not exist at {path} (has its job run?)")
     return path
 
 
 def existing(cfg: Config) -> list[str]:
-    return [n for n in all_names(cfg) if (Path(resolve(cfg, n, must_exist=False)) / "_delta_log").is_dir()]
+    return [n for n in all_names(cfg) if is_delta_table(resolve(cfg, n, must_exist=False))]
 
 
 @contextmanager

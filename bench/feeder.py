@@ -12,7 +12,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bronze.generator import Params, atomic_write, generate
+from bronze.generator import Params, generate
+from common.storage import write_atomic
 
 
 class Feeder(threading.Thread):
@@ -43,7 +44,7 @@ class Feeder(threading.Thread):
             if self.stop_requested.wait(max(0.0, due - time.time())):
                 break
             name = f"part-bench-{i:05d}.jsonl"
-            atomic_write(self.landing / name, chunk)
+            write_atomic(self.landing / name, chunk)
             self.landed[name] = time.time()
         self.finished_at = time.time()
 

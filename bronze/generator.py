@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ from time import gmtime, strftime
 from typing import NamedTuple
 
 from common.config import ConfigError, load_config, parse_duration
+from common.storage import Location, write_atomic
 
 # very_long comes first so that any run with at least one malformed line has exactly one.
 MALFORMED_KINDS = ("very_long", "truncated", "bad_type_person", "bad_type_time",
@@ -180,17 +180,8 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
     return Batch(records, counts, kinds)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    # The leading dot hides the partial file from Spark's file source until the rename.
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def write_files(records: list[Record], landing: Path, seed: int, n_files: int) -> list[Path]:
+def write_files(records: list[Record], landing: Location, seed: int, n_files: int) -> list[Location]:
     """Split the stream into contiguous JSON-lines files named by seed and index."""
-    landing.mkdir(parents=True, exist_ok=True)
     n_files = max(1, min(n_files, len(records)))
     size, extra = divmod(len(records), n_files)
     paths, pos = [], 0
@@ -199,16 +190,15 @@ def write_files(records: list[Record], landing: Path, seed: int, n_files: int) -
         pos += len(chunk)
         # Only "\n" ends a line: the data holds no "\r", which Spark's text source would also split on.
         path = landing / f"part-{seed}-{i:04d}.jsonl"
-        atomic_write(path, b"".join(r.value + b"\n" for r in chunk))
+        write_atomic(path, b"".join(r.value + b"\n" for r in chunk))
         paths.append(path)
     return paths
 
 
-def write_locations(path: Path, devices: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_locations(path: Location, devices: int) -> None:
     rows = ["device_id,zip_code,city,state"]
     rows += [",".join((d, *LOCATIONS[i % len(LOCATIONS)])) for i, d in enumerate(known_ids(devices))]
-    atomic_write(path, ("\n".join(rows) + "\n").encode())
+    write_atomic(path, ("\n".join(rows) + "\n").encode())
 
 
 def send_kafka(records: list[Record], kafka) -> str:
@@ -308,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     params = replace(Params.from_config(cfg.generator), **{k: v for k, v in overrides.items() if v is not None})
     batch = generate(args.events, params, args.seed)
     write_locations(cfg.locations_csv, params.devices)
-    files: list[Path] = []
+    files: list[Location] = []
     topic = None
     try:
         if args.sink == "kafka":

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from common.config import ConfigError, load_config
+from common.storage import StorageError, parse
 
 
 def _positive(text: str) -> int:
@@ -41,8 +42,10 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=_positive, default=d.kills, help=f"kill -9 count (default {d.kills})")
     parser.add_argument("--seed", type=int, help="seed of the schedule and the data (default: random, printed)")
-    parser.add_argument("--root", type=Path, help="lakehouse root to create (default: a new temp folder); "
-                                                  "must not exist or be empty")
+    parser.add_argument("--root", help="lakehouse root to create, a folder or s3a://bucket/prefix (default: "
+                                       "a new temp folder); must not exist or be empty")
+    parser.add_argument("--logs", type=Path, help="folder for the job logs (default: beside a local root, "
+                                                  "else a new temp folder)")
     parser.add_argument("--events-per-wave", type=_positive, default=d.events_per_wave,
                         help=f"camera events per landing wave (default {d.events_per_wave})")
     parser.add_argument("--feed-every", type=float, default=d.feed_every_s,
@@ -55,10 +58,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
-    root = (args.root or Path(tempfile.mkdtemp(prefix="chaos-")) / "lakehouse").resolve()
-    if root.exists() and any(root.iterdir()):
-        print(f"error: {root} is not empty; chaos needs a fresh lakehouse root", file=sys.stderr)
+    try:
+        root = parse(args.root) if args.root else (Path(tempfile.mkdtemp(prefix="chaos-")) / "lakehouse").resolve()
+        if root.exists() and any(root.iterdir()):
+            print(f"error: {root} is not empty; chaos needs a fresh lakehouse root", file=sys.stderr)
+            return 2
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    logs = args.logs or (root.parent / f"{root.name}-chaos-logs" if isinstance(root, Path)
+                         else Path(tempfile.mkdtemp(prefix="chaos-logs-")))
     s = Settings(kills=args.kills, seed=seed, mode=args.mode, events_per_wave=args.events_per_wave,
                  feed_every_s=args.feed_every)
     from chaos.run import job_env
@@ -69,7 +78,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = run(cfg, root, s, env)
+    summary = run(cfg, root, s, env, logs)
     text = json.dumps(summary, indent=2, default=str)
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +87,7 @@ def main(argv=None) -> int:
     return 0 if summary["ok"] else 1
 
 
-def run(cfg, root: Path, s, env: dict) -> dict:
+def run(cfg, root, s, env: dict, logs: Path) -> dict:
     from chaos.checks import verify
     from chaos.feed import Feeder
     from chaos.run import UNITS, Session, run_audit
@@ -86,7 +95,7 @@ def run(cfg, root: Path, s, env: dict) -> dict:
     print(f"chaos: lakehouse {root}", flush=True)
     feeder = Feeder(cfg, s.seed, s.events_per_wave, s.files_per_wave, s.wave_span_s)
     try:
-        outcome = Session(cfg, root, s, feeder, say=lambda m: print(m, flush=True)).run()
+        outcome = Session(cfg, root, s, feeder, logs, say=lambda m: print(m, flush=True)).run()
     except RuntimeError as e:   # a job that never got going: nothing to audit
         print(f"chaos: {e}", file=sys.stderr)
         return {"seed": s.seed, "root": str(root), "kills": [], "kills_by_layer": {}, "ok": False,

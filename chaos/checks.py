@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql import functions as F
+
+from common.storage import location
 
 
 @dataclass
@@ -99,7 +100,7 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
         booked.setdefault(r.query, set()).add(r.batch_id)
     unbooked = {}
     for query in ["silver", *(t.query for t in GOLD)]:
-        commits = Path(cfg.checkpoint(query)) / "commits"
+        commits = location(cfg.checkpoint(query)) / "commits"
         done = {int(f.name) for f in commits.iterdir() if f.name.isdigit()} if commits.is_dir() else set()
         done = {b for b in done if not read_nothing(cfg.checkpoint(query), b)}
         if done - booked.get(query, set()):

@@ -19,6 +19,7 @@ from pathlib import Path
 from random import Random
 
 from common.processes import descendants, kill_tree
+from common.storage import is_delta_table
 
 LAYERS = ("bronze", "silver", "gold")
 NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
@@ -98,7 +99,7 @@ def _moment(kill: Kill) -> str:
     return {"start": "start", "query": "query start"}.get(kill.since, f"batch line {kill.batches}")
 
 
-def job_env(root: Path, s: Settings, base: dict | None = None) -> dict:
+def job_env(root, s: Settings, base: dict | None = None) -> dict:
     env = dict(base if base is not None else os.environ)
     for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE"):
         env.pop(var, None)
@@ -163,10 +164,10 @@ class Outcome:
 
 
 class Session:
-    def __init__(self, cfg, root: Path, s: Settings, feeder, say=print):
+    def __init__(self, cfg, root, s: Settings, feeder, logs: Path, say=print):
         self.cfg, self.root, self.s, self.feeder, self.say = cfg, root, s, feeder, say
         self.env = job_env(root, s)
-        self.logs = root.parent / f"{root.name}-chaos-logs"
+        self.logs = logs
         self.logs.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[str, Job] = {}
         # What runs now: in the mixed mode the pipeline process until its last kill, then the layers.
@@ -190,7 +191,7 @@ class Session:
 
     def _ready(self, layer: str) -> bool:
         need = NEEDS.get(layer)
-        return need is None or (Path(self.cfg.table_path(*need)) / "_delta_log").is_dir()
+        return need is None or is_delta_table(self.cfg.table_path(*need))
 
     def _tick(self) -> None:
         """Feed a wave when due; start layers whose input exists; restart any job that died."""
@@ -284,7 +285,7 @@ class Session:
         self.say(f"[{self.now():6.1f}s] drain exit {self.outcome.drain_code}")
 
 
-def run_audit(root: Path, env: dict) -> tuple[int, dict | None, str]:
+def run_audit(root, env: dict) -> tuple[int, dict | None, str]:
     """`python -m audit --json` in its own process: (exit code, report, stderr tail)."""
     env = dict(env, LAKEHOUSE_ROOT=str(root))
     proc = subprocess.run([sys.executable, "-m", "audit", "--json"], env=env, capture_output=True, text=True)

@@ -7,9 +7,8 @@ admits one JVM at a time, which would stop bronze, silver and gold from running 
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from common.config import Config
+from common.storage import is_delta_table
 
 
 def existing_tables(cfg: Config) -> list[tuple[str, str, str]]:
@@ -18,7 +17,7 @@ def existing_tables(cfg: Config) -> list[tuple[str, str, str]]:
     for layer, tables in cfg.tables.items():
         for table in tables:
             path = cfg.table_path(layer, table)
-            if (Path(path) / "_delta_log").is_dir():
+            if is_delta_table(path):
                 found.append((layer, table, path))
     return found
 

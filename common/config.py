@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from common import storage
 from common.profile import (Profile, ProfileError, deep_merge, env_profile, expand, parse_profile,
                             profiles_dir, read_profile, split_profile, yaml_mapping)
 
@@ -41,6 +42,8 @@ ENV_ALIASES = {
     "TRIGGER_INTERVAL": "streaming.trigger_interval",
     "REPORTS_DIR": "paths.reports",
     "SOURCE": "bronze.source",
+    "S3_ENDPOINT": "object_store.endpoint",
+    "S3_PORT": "object_store.server.port",
 }
 ENV_PREFIX = "LAKEHOUSE__"
 
@@ -189,6 +192,10 @@ SCHEMA: dict[str, dict[str, Any]] = {
               "jit": _one_of("auto", "c1", "tiered"), "class_archive": _bool},
     "paths": {"lakehouse_root": _str, "checkpoint_root": _opt_str,
               "landing": _opt_str, "reference": _opt_str, "reports": _str},
+    "object_store": {"endpoint": _opt_str, "region": _str, "path_style_access": _bool,
+                     "lease_ttl": parse_duration, "lease_settle": parse_duration,
+                     "server": {"port": _port, "data_dir": _str, "bucket": _str, "heap": _str,
+                                "start_timeout": parse_duration}},
     "kafka": {"bootstrap_servers": _str, "port": _port, "controller_port": _port,
               "data_dir": _str, "broker_heap": _str, "start_timeout": parse_duration,
               "connect_timeout": parse_duration, "topic_partitions": _pos_int,
@@ -245,12 +252,26 @@ class Config:
         self.tables = profile_tables(profile) if profile else TABLES
         for name, value in values.items():
             setattr(self, name, _sectionize(value))
-        root = _resolve(values["paths"]["lakehouse_root"], Path.cwd())
+        o = values["object_store"]
+        self.store = storage.Store(o["endpoint"], o["region"], o["path_style_access"])
         p = values["paths"]
+
+        def where(key: str):
+            try:
+                return storage.parse(p[key], Path.cwd(), self.store)
+            except storage.StorageError as e:
+                raise ConfigError(f"{source}: key 'paths.{key}': {e}") from None
+
+        # Each is a local Path or an s3a:// ObjectPath (common.storage); both join with `/`.
+        root = where("lakehouse_root")
         self.root = root
-        self.checkpoint_root = _resolve(p["checkpoint_root"], Path.cwd()) if p["checkpoint_root"] else root / "_checkpoints"
-        self.landing = _resolve(p["landing"], Path.cwd()) if p["landing"] else root / "landing" / "nest"
-        self.reference = _resolve(p["reference"], Path.cwd()) if p["reference"] else root / "reference"
+        self.checkpoint_root = where("checkpoint_root") if p["checkpoint_root"] else root / "_checkpoints"
+        self.landing = where("landing") if p["landing"] else root / "landing" / "nest"
+        self.reference = where("reference") if p["reference"] else root / "reference"
+        if self.on_object_store:
+            # s3a:// strings (cfg.table_path...) resolve against this store; a config loaded for
+            # its defaults alone (local paths) must not reset it.
+            storage.set_default_store(self.store)
         self.kafka_data_dir = _resolve(values["kafka"]["data_dir"], Path.cwd())
 
     # One rule for every table: $root/<layer>/<table>, registered as <layer>.<table>.
@@ -285,6 +306,12 @@ class Config:
 
     def checkpoint(self, query: str) -> str:
         return str(self.checkpoint_root / query)
+
+    @property
+    def on_object_store(self) -> bool:
+        """Whether any lakehouse path is s3a:// (Spark then needs the s3a jars and settings)."""
+        return any(isinstance(p, storage.ObjectPath)
+                   for p in (self.root, self.checkpoint_root, self.landing, self.reference))
 
     @property
     def locations_csv(self) -> Path:
@@ -368,7 +395,7 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
     landing = (overrides.get("paths") or {}).get("landing")
     if isinstance(landing, str):
         # A profile's landing folder is relative to the repository, wherever make runs from.
-        overrides["paths"]["landing"] = str(_resolve(expand(landing), REPO_ROOT))
+        overrides["paths"]["landing"] = str(storage.parse(expand(landing), REPO_ROOT))
     from_profile = {f"{section}.{key}" for section, keys in overrides.items()
                     if isinstance(keys, dict) for key in keys}
     raw = deep_merge(raw, overrides)

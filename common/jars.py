@@ -39,5 +39,17 @@ def spark_extra_jars() -> list[str]:
             if _artifact(j) not in shipped]
 
 
+def s3a_jars() -> list[str]:
+    """hadoop-aws and the AWS SDK bundle, for sessions whose paths are s3a:// only."""
+    import pyspark
+
+    shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [str(j) for j in _require(JAR_CACHE / "s3a", "s3a (hadoop-aws)") if _artifact(j) not in shipped]
+
+
+def s3proxy_jar() -> str:
+    return str(_require(JAR_CACHE / "s3proxy", "S3Proxy")[0])
+
+
 def kafka_broker_classpath() -> str:
     return ":".join(str(j) for j in _require(JAR_CACHE / "kafka", "Kafka broker"))

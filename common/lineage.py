@@ -11,7 +11,8 @@ A reader of any table version can then rebuild the input prefix that produced it
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from common.storage import location
 
 PIPELINE = "nest-lakehouse"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -25,7 +26,7 @@ def checkpoint_query_id(checkpoint: str) -> str:
     """The id Spark keeps in the checkpoint: stable across restarts, new if the checkpoint is
     deleted. Keying Delta's txnAppId on it means a fresh checkpoint never collides with the
     batch versions an old one already wrote."""
-    return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
+    return json.loads((location(checkpoint) / "metadata").read_text())["id"]
 
 
 def offset_entry(checkpoint: str, batch_id: int) -> tuple[dict, list]:
@@ -33,7 +34,7 @@ def offset_entry(checkpoint: str, batch_id: int) -> tuple[dict, list]:
 
     The file is "v1", a JSON line of batch metadata (watermark, timestamp, conf), then one line
     per source: its end offset as JSON, or "-" when the source had none yet."""
-    lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
+    lines = (location(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
     meta = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
     sources = [json.loads(line) if line.startswith("{") else None for line in lines[2:]]
     return meta, sources

@@ -21,11 +21,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from common.config import ConfigError, load_config  # noqa: E402
+from common.storage import is_delta_table
 
 
 def _read(spark, cfg, layer: str, table: str):
     path = cfg.table_path(layer, table)
-    return spark.read.format("delta").load(path) if (Path(path) / "_delta_log").is_dir() else None
+    return spark.read.format("delta").load(path) if is_delta_table(path) else None
 
 
 def grid(n: int, title: str, max_cols: int = 2, panel: tuple[float, float] = (7, 3.2)):

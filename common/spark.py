@@ -8,7 +8,7 @@ from pathlib import Path
 from common import class_archive
 from common.catalog import register_tables
 from common.config import Config
-from common.jars import spark_extra_jars
+from common.jars import s3a_jars, spark_extra_jars
 
 FAIR_POOLS = Path(__file__).resolve().parent.parent / "conf" / "fairscheduler.xml"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -28,12 +28,30 @@ def jvm_options(cfg: Config, archive: bool = True) -> str:
     return " ".join(o for o in ("-Duser.timezone=UTC", C1_ONLY if jit == "c1" else "", cds) if o)
 
 
+def object_store_conf(cfg: Config) -> dict[str, str]:
+    """s3a settings when a lakehouse path is s3a:// (conf object_store). No credentials: the
+    connector's default chain reads them from the environment."""
+    if not cfg.on_object_store:
+        return {}
+    store = cfg.store
+    conf = {"spark.hadoop.fs.s3a.endpoint.region": store.region,
+            "spark.hadoop.fs.s3a.path.style.access": str(store.path_style_access).lower()}
+    if store.endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = store.endpoint
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(store.endpoint.startswith("https")).lower()
+    return conf
+
+
 def spark_conf(cfg: Config) -> dict[str, str]:
     """Spark settings shared by Python sessions and the spark-sql shell."""
+    # s3a jars go after the others: the class archive was dumped with the others alone, and a
+    # JVM accepts an archive whose classpath is a prefix of its own.
+    s3a = s3a_jars() if cfg.on_object_store else []
     return {
-        "spark.jars": ",".join(spark_extra_jars()),
+        "spark.jars": ",".join(spark_extra_jars() + s3a),
         # The same jars on the driver's own classpath, where the class archive can hold them.
-        "spark.driver.extraClassPath": class_archive.driver_class_path(),
+        "spark.driver.extraClassPath": ":".join([class_archive.driver_class_path(), *s3a]),
+        **object_store_conf(cfg),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(cfg.root / "_warehouse"),

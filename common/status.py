@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common.config import ConfigError, load_config
+from common.storage import is_delta_table, location
 
 
 def queries(cfg) -> tuple[str, ...]:
@@ -24,7 +25,7 @@ def queries(cfg) -> tuple[str, ...]:
 def checkpoint_batches(checkpoint: str) -> tuple[int | None, int | None]:
     """(latest planned batch, latest committed batch) from the offset and commit logs."""
     def latest(folder: str):
-        d = Path(checkpoint) / folder
+        d = location(checkpoint) / folder
         ids = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
         return max(ids) if ids else None
     return latest("offsets"), latest("commits")
@@ -70,7 +71,7 @@ def query_status(spark, cfg) -> list[dict]:
 
     path = cfg.table_path("ops", "query_progress")
     rows: dict[str, dict] = {}
-    if (Path(path) / "_delta_log").is_dir():
+    if is_delta_table(path):
         progress = spark.read.format("delta").load(path)
         latest = (progress.where("event = 'progress'")
                   .withColumn("_n", F.row_number().over(Window.partitionBy("query_name")

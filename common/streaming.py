@@ -1,11 +1,9 @@
-"""What every layer's queries share: triggers, stopping between micro-batches, checkpoint locks,
-errors the user can fix."""
+"""What every layer's queries share: triggers, stopping between micro-batches, errors the user
+can fix. (Checkpoint locks: common.checkpoint_lock.)"""
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
 
 from common.config import Config
 
@@ -64,41 +62,3 @@ def failure_message(e: Exception) -> str:
         text = text[text.index(marker):]
         return text.split("\n\tat ")[0].split("JVM stacktrace")[0].split("\nTraceback")[0].rstrip()
     return text.split("\n\tat ")[0]
-
-
-class CheckpointLocks:
-    """Exclusive locks on the queries' checkpoints, held while a job runs.
-
-    Two processes on one checkpoint would race on its offset log and corrupt it. flock() locks
-    die with the process that holds them, so a crashed job never leaves a stale lock."""
-
-    def __init__(self, cfg: Config, queries):
-        self.paths = [Path(cfg.checkpoint(q)).with_name(f"{q}.lock") for q in queries]
-        self._files = []
-
-    def __enter__(self):
-        import fcntl
-
-        for path in self.paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(path, "a+")
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                holder = f.read().strip() or "another process"
-                f.close()
-                self.__exit__()
-                raise JobError(f"checkpoint {path.with_suffix('')} is in use by {holder}: another "
-                               f"instance of this job is running; stop it first") from None
-            f.seek(0)
-            f.truncate()
-            f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-            f.flush()
-            self._files.append(f)
-        return self
-
-    def __exit__(self, *exc):
-        for f in self._files:
-            f.close()
-        self._files = []

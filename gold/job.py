@@ -11,7 +11,6 @@ carry status open/closed.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
@@ -23,6 +22,7 @@ from common.delta import commit_metadata, ensure_table, retry_on_conflict
 from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
+from common.storage import is_delta_table
 from common.streaming import JobError, trigger
 from pipeline.flow import Flow, Layer
 from gold import transform as T
@@ -128,7 +128,7 @@ def progress_counts(progress: dict) -> dict:
 def prepare_gold(spark, cfg, specs) -> None:
     """Check the stats topic when publishing, create the gold and ops tables."""
     silver_path = cfg.table_path("silver", cfg.silver_table)
-    if not (Path(silver_path) / "_delta_log").is_dir():
+    if not is_delta_table(silver_path):
         raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
     if cfg.gold.stats_to_kafka:
         from common.kafka_broker import BrokerError, ensure_topic, wait_for_kafka
@@ -189,7 +189,7 @@ def layer(cfg, only=None) -> Layer:
     silver_path = cfg.table_path("silver", cfg.silver_table)
 
     def preflight(selected):
-        if "silver" not in selected and not (Path(silver_path) / "_delta_log").is_dir():
+        if "silver" not in selected and not is_delta_table(silver_path):
             raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
 
     def flow(spec):

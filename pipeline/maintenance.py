@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 from common.delta import (CONFLICT_RETRIES, conflicts, live_files, retention_properties, retry_on_conflict,
                           table_properties)
+from common.storage import location, walk_files
 
 # Monitoring tables and the column that dates a row. ops.batch_accounting is not here: the
 # audit's accounting identities sum it from the first batch, so its rows are kept.
@@ -46,11 +46,9 @@ class Maintained:
 
 def files_on_disk(path) -> int:
     """Data files in the table's folder, live or waiting for VACUUM (hidden ones are temp files)."""
-    n = 0
-    for folder, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != "_delta_log"]
-        n += sum(1 for f in files if f.endswith(".parquet") and not f.startswith("."))
-    return n
+    return sum(1 for rel, _ in walk_files(location(path))
+               if not rel.startswith("_delta_log/") and rel.endswith(".parquet")
+               and not rel.rsplit("/", 1)[-1].startswith("."))
 
 
 VACUUM_MODES = ("full", "lite")
@@ -164,6 +162,15 @@ def main(argv=None) -> int:
         cfg = load_config()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    from common.checkpoint_lock import live_leases
+
+    running = live_leases(cfg)
+    if running:
+        # Delta's S3 log store allows one writing driver per table (README, Object storage).
+        print(f"error: a pipeline holds checkpoints under {cfg.checkpoint_root}: {', '.join(running)}. On object "
+              f"storage only that process may write its tables (it runs maintenance itself in processing-time "
+              f"mode); stop it before `make maintain`, or configure Delta's DynamoDB log store", file=sys.stderr)
         return 2
     chosen = tables_of(cfg)
     if args.table:

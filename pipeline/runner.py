@@ -137,11 +137,12 @@ class Runner:
 
     # --- the run ---
     def run(self) -> int:
-        from common.streaming import CheckpointLocks, JobError
+        from common.checkpoint_lock import CheckpointLocks
+        from common.streaming import JobError
 
         try:
             selected = {layer.name for layer in self.layers}
-            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]):
+            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries], say=self.log):
                 for layer in self.layers:
                     layer.preflight(selected)
                 return self._run_locked()

@@ -11,7 +11,6 @@ ops.batch_accounting idempotently (a replayed batch writes nothing twice).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from pyspark.sql import functions as F
 
@@ -20,6 +19,7 @@ from common.delta import ensure_table, idempotent_append
 from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
+from common.storage import is_delta_table
 from common.streaming import JobError, trigger
 from pipeline.flow import Flow, Layer
 from silver import transform as T
@@ -153,7 +153,7 @@ def progress_counts(progress: dict) -> dict:
 def start(spark, cfg, suite=None):
     """Start the silver query (each batch records its own ops.batch_accounting row)."""
     bronze_path = cfg.table_path("bronze", "events")
-    if not (Path(bronze_path) / "_delta_log").is_dir():
+    if not is_delta_table(bronze_path):
         raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
     ensure_tables(spark, cfg)
     return start_query(spark, cfg, suite or silver_suite(cfg))
@@ -189,7 +189,7 @@ def layer(cfg) -> Layer:
     bronze_path = cfg.table_path("bronze", "events")
 
     def preflight(selected):
-        if "bronze" not in selected and not (Path(bronze_path) / "_delta_log").is_dir():
+        if "bronze" not in selected and not is_delta_table(bronze_path):
             raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
 
     return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite)),),

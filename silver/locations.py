@@ -11,6 +11,7 @@ import sys
 from common.config import ConfigError, load_config
 from common.delta import ensure_table
 from common.lineage import PIPELINE, to_user_metadata
+from common.storage import is_delta_table, location
 from common.streaming import JobError, fail
 
 def schema(cfg) -> str:
@@ -46,10 +47,8 @@ def seed(spark, cfg, csv_path=None) -> int:
 
 def ensure_seeded(spark, cfg) -> str:
     """On first run, load the generator's reference data; later runs keep the table as it is."""
-    from pathlib import Path
-
     table = cfg.table_path("silver", cfg.profile.dimension.table)
-    if not (Path(table) / "_delta_log").is_dir():
+    if not is_delta_table(table):
         seed(spark, cfg)
     return table
 
@@ -64,13 +63,11 @@ def main(argv=None) -> int:
         cfg = load_config()
     except ConfigError as e:
         return fail(str(e))
-    from pathlib import Path
-
     from common.spark import build_spark
 
     spark = build_spark(cfg, "seed-locations")
     try:
-        n = seed(spark, cfg, Path(args.csv) if args.csv else None)
+        n = seed(spark, cfg, location(args.csv) if args.csv else None)
     except JobError as e:
         return fail(str(e))
     finally:

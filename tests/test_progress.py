@@ -120,7 +120,7 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
     import subprocess
     import sys
 
-    from common.streaming import CheckpointLocks
+    from common.checkpoint_lock import CheckpointLocks
 
     repo = __import__("pathlib").Path(__file__).resolve().parent.parent
     # One layer alone, and the whole pipeline (which holds every layer's checkpoints), are both
@@ -136,7 +136,7 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
     # a holder killed with -9 leaves no stale lock behind
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from common.config import load_config; "
-                               "from common.streaming import CheckpointLocks; "
+                               "from common.checkpoint_lock import CheckpointLocks; "
                                "l = CheckpointLocks(load_config(), ['silver']).__enter__(); "
                                "print('locked', flush=True); time.sleep(600)"],
                               cwd=repo, env=env, stdout=subprocess.PIPE, text=True)

@@ -1,0 +1,193 @@
+"""One process per checkpoint: two on one checkpoint would race on its offset log and corrupt it.
+
+A local checkpoint is locked with flock(), which dies with the process: a crashed job never
+leaves a stale lock. Object stores have no locks, so a checkpoint on s3a:// is held by a lease
+object beside it, `<query>.lease`: its owner and an expiry `object_store.lease_ttl` ahead,
+renewed every third of the ttl while the process runs, deleted when it stops. A starting
+instance that finds a lease watches it: renewed, its holder is alive and the start is refused
+(within a third of the ttl); not renewed until it expires, its holder died (kill -9) and the
+lease is taken over (a restart waits at most one ttl). Two instances starting at the same moment both write
+their lease; each waits `lease_settle`, reads it back, and only the one whose write landed last
+goes on (S3 reads are strongly consistent since 2020). Expiry is judged by the wall clock, so
+machines that share a bucket need synchronised clocks (NTP).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from common.config import Config
+from common.storage import ObjectPath, location
+from common.streaming import JobError
+
+
+class CheckpointBusy(JobError):
+    """Another instance holds the checkpoint (message names the holder)."""
+
+
+def _refusal(path, holder: str) -> str:
+    return (f"checkpoint {path} is in use by {holder}: another instance of this job is running; "
+            f"stop it first")
+
+
+class _FileLock:
+    def __init__(self, path):
+        self.path, self.file = path, None
+
+    def acquire(self, say) -> None:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise CheckpointBusy(_refusal(self.path.with_suffix(""), holder)) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        self.file = f
+
+    def renew(self) -> None:
+        pass
+
+    def release(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
+
+
+class _Lease:
+    def __init__(self, path: ObjectPath, ttl: float, settle: float):
+        self.path, self.ttl, self.settle = path, ttl, settle
+        self.owner = f"pid {os.getpid()} on {socket.gethostname()} ({uuid.uuid4().hex[:8]})"
+        self.held = False
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:  # a torn or foreign object: treat it as expired
+            return {}
+
+    def _write(self) -> None:
+        self.path.write_text(json.dumps({
+            "owner": self.owner, "expires": time.time() + self.ttl,
+            "renewed": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}))
+
+    def acquire(self, say) -> None:
+        lease = self._read()
+        if lease and lease.get("owner") != self.owner and float(lease.get("expires", 0)) > time.time():
+            # Live or dead? A running holder renews within a third of the ttl; one killed with -9
+            # never will. Watch it until it expires (at most one ttl) and refuse if it is renewed.
+            expires = float(lease["expires"])
+            say(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}; waiting up to "
+                f"{expires - time.time():.0f} s to see whether it is renewed")
+            while time.time() < expires + self.settle:
+                time.sleep(min(1.0, max(0.05, expires + self.settle - time.time())))
+                now = self._read()
+                if now is None:       # released as we watched
+                    break
+                if now.get("owner") != lease["owner"] or float(now.get("expires", 0)) != expires:
+                    holder = now.get("owner", "another process")
+                    raise CheckpointBusy(_refusal(self.path.with_suffix(""), f"{holder} (it renews its lease)"))
+        self._write()
+        time.sleep(self.settle)
+        lease = self._read() or {}
+        if lease.get("owner") != self.owner:
+            raise CheckpointBusy(_refusal(self.path.with_suffix(""), f"{lease.get('owner', 'another process')} "
+                                          f"(it took the lease as this one started)"))
+        self.held = True
+
+    def renew(self) -> None:
+        if not self.held:
+            return
+        lease = self._read() or {}
+        if lease.get("owner") != self.owner:
+            self.held = False
+            raise CheckpointBusy(f"lost the lease {self.path} to {lease.get('owner', 'nobody')}: it expired "
+                                 f"before this process renewed it (object store unreachable for a ttl?)")
+        self._write()
+
+    def release(self) -> None:
+        if self.held and (self._read() or {}).get("owner") == self.owner:
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+
+class CheckpointLocks:
+    """Exclusive hold on the queries' checkpoints while a job runs (flock locally, a lease on
+    object storage). Raises CheckpointBusy, naming the holder, if any is taken."""
+
+    def __init__(self, cfg: Config, queries, say=None):
+        self.say = say or (lambda msg: print(msg, flush=True))
+        o = cfg.object_store
+        self.locks = []
+        for q in queries:
+            checkpoint = location(cfg.checkpoint(q))
+            if isinstance(checkpoint, ObjectPath):
+                self.locks.append(_Lease(checkpoint.with_name(f"{q}.lease"), o.lease_ttl.seconds,
+                                         o.lease_settle.seconds))
+            else:
+                self.locks.append(_FileLock(checkpoint.with_name(f"{q}.lock")))
+        self.leases = [lock for lock in self.locks if isinstance(lock, _Lease)]
+        self._stop = threading.Event()
+        self._renewer = None
+
+    def __enter__(self):
+        try:
+            for lock in self.locks:
+                lock.acquire(self.say)
+        except BaseException:
+            self.__exit__()
+            raise
+        if self.leases:
+            self._renewer = threading.Thread(target=self._renew, name="checkpoint-lease", daemon=True)
+            self._renewer.start()
+        return self
+
+    def _renew(self) -> None:
+        period = min(lease.ttl for lease in self.leases) / 3
+        while not self._stop.wait(period):
+            for lease in self.leases:
+                try:
+                    lease.renew()
+                except CheckpointBusy as e:
+                    self.say(f"error: {e}")
+                except Exception as e:  # the store may be briefly unreachable: try again next period
+                    self.say(f"warning: renewing {lease.path} failed ({e}); retrying in {period:.0f} s")
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._renewer:
+            self._renewer.join()
+            self._renewer = None
+        for lock in self.locks:
+            try:
+                lock.release()
+            except Exception:  # an expired lease is as good as released
+                pass
+
+
+def live_leases(cfg: Config) -> list[str]:
+    """Holders of the unexpired leases under the checkpoint root (object storage only): a pipeline
+    running there is the one driver Delta's S3 log store allows to write its tables."""
+    root = location(str(cfg.checkpoint_root))
+    if not isinstance(root, ObjectPath):
+        return []
+    held = []
+    for obj in root.iterdir():
+        if obj.suffix == ".lease":
+            lease = _Lease(obj, 0, 0)._read() or {}
+            if float(lease.get("expires", 0)) > time.time():
+                held.append(f"{obj.stem} ({lease.get('owner')})")
+    return held

@@ -1,0 +1,145 @@
+"""The lakehouse on object storage: every path s3a://, against a real S3-compatible server
+(S3Proxy from the Maven cache, on a free port) that Spark's s3a connector talks HTTP to.
+
+One chaos run on s3a covers the pipeline end to end: landing files written to the bucket,
+bronze, silver and gold as one application, kill -9 of that process mid-batch and restarts
+(each restart takes over the dead process's checkpoint leases once they expire), an
+available-now drain, `python -m audit` passing on s3a, and byte-exact bronze. A second test
+holds the checkpoint lease and checks that another instance is refused before Spark starts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LEASE_TTL = "6 seconds"     # a restart after kill -9 waits at most this long for the dead lease
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    from common.processes import free_port
+    from common.s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3"), free_port(), "lakehouse")
+    server.load_credentials(environ={})   # a fresh random key pair, as `make s3-up` draws one
+    server.start(timeout=90)
+    yield server
+    server.stop()
+    shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def s3_env(env, s3_server, monkeypatch) -> dict[str, str]:
+    """A test's lakehouse under its own prefix of the bucket; this process can reach it too."""
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    return dict(env, **s3_server.env(), LAKEHOUSE_ROOT=s3_server.uri(f"{prefix}/lakehouse"),
+                LAKEHOUSE__OBJECT_STORE__LEASE_TTL=LEASE_TTL)
+
+
+def test_config_takes_s3a_paths_and_refuses_other_schemes(s3_env):
+    from common.config import ConfigError, load_config
+    from common.spark import spark_conf
+    from common.storage import ObjectPath
+
+    cfg = load_config(env=s3_env)
+    assert isinstance(cfg.root, ObjectPath) and cfg.on_object_store
+    assert cfg.table_path("gold", "device_sessions") == f"{s3_env['LAKEHOUSE_ROOT']}/gold/device_sessions"
+    assert cfg.checkpoint("silver") == f"{s3_env['LAKEHOUSE_ROOT']}/_checkpoints/silver"
+    conf = spark_conf(cfg)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == s3_env["S3_ENDPOINT"]
+    assert "hadoop-aws" in conf["spark.jars"]
+    assert not any("secret" in k.lower() or s3_env["AWS_SECRET_ACCESS_KEY"] in v for k, v in conf.items())
+    local = spark_conf(load_config(env=dict(s3_env, LAKEHOUSE_ROOT="/tmp/x")))
+    assert "hadoop-aws" not in local["spark.jars"] and "fs.s3a" not in " ".join(local)
+    with pytest.raises(ConfigError, match="paths.lakehouse_root.*s3:// paths are not supported"):
+        load_config(env=dict(s3_env, LAKEHOUSE_ROOT="s3://bucket/x"))
+
+
+@pytest.mark.slow
+def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, tmp_path):
+    report = tmp_path / "chaos.json"
+    seed = int(os.environ.get("CHAOS_SEED") or 4242)
+    proc = subprocess.run([sys.executable, "-m", "chaos", "--mode", "app", "--kills", "2", "--seed", str(seed),
+                           "--root", s3_env["LAKEHOUSE_ROOT"], "--logs", str(tmp_path / "logs"),
+                           "--report", str(report)],
+                          cwd=REPO, env=s3_env, capture_output=True, text=True, timeout=1800)
+    print(proc.stdout[-6000:])
+    assert report.exists(), f"chaos wrote no report (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    summary = json.loads(report.read_text())
+    assert len(summary["kills"]) == 2 and summary["unexpected_exits"] == [], summary
+    assert summary["drain_exit"] == 0, f"drain failed; see {summary['drain_log']}"
+    failed = [c for c in summary["checks"] if not c["ok"]]
+    assert not failed, failed
+    names = [c["name"] for c in summary["checks"]]
+    assert "bronze: raw bytes unchanged" in names and "audit passes" in names, names
+    assert summary["audit_exit"] == 0, summary["audit_failures"]
+    # Each restart found the killed process's lease and waited for it to expire.
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("pipeline-*.log"))
+    assert "waiting up to" in logs and "lease held by" in logs
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    # The objects are in the server's bucket, not in some local folder named "s3a:".
+    prefix = s3_env["LAKEHOUSE_ROOT"].removeprefix(f"s3a://{s3_server.bucket}/")
+    stored = s3_server.data_dir / "objects" / s3_server.bucket / prefix
+    for part in ("bronze/events/_delta_log", "gold/device_sessions/_delta_log", "_checkpoints/silver/commits",
+                 "landing/nest"):
+        assert (stored / part).is_dir(), part
+    assert not (REPO / "s3a:").exists() and not (Path.cwd() / "s3a:").exists()
+
+
+def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env):
+    from common.checkpoint_lock import CheckpointBusy, CheckpointLocks
+    from common.config import load_config
+    from common.storage import location
+
+    cfg = load_config(env=s3_env)
+    lease = location(cfg.checkpoint("silver")).with_name("silver.lease")
+    with CheckpointLocks(cfg, ["silver"], say=lambda m: None):
+        assert json.loads(lease.read_text())["owner"].startswith(f"pid {os.getpid()} ")
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "pipeline", "--layer", "silver"], cwd=REPO, env=s3_env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "in use by pid" in proc.stderr and "renews its lease" in proc.stderr, proc.stderr
+        assert "SparkSession" not in proc.stderr  # refused before Spark starts
+        assert time.monotonic() - started < 60
+        # Delta's S3 log store allows one writing driver: maintenance from another process waits.
+        maint = subprocess.run([sys.executable, "-m", "pipeline.maintenance"], cwd=REPO, env=s3_env,
+                               capture_output=True, text=True, timeout=120)
+        assert maint.returncode == 2 and "holds checkpoints" in maint.stderr, maint.stderr
+    assert not lease.exists(), "a clean stop deletes its lease"
+
+    # A holder killed with -9 leaves its lease; the next instance takes it over once it expires.
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import time; from common.config import load_config; "
+                               "from common.checkpoint_lock import CheckpointLocks; "
+                               "CheckpointLocks(load_config(), ['silver']).__enter__(); "
+                               "print('locked', flush=True); time.sleep(600)"],
+                              cwd=REPO, env=s3_env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lease.exists()
+    messages = []
+    started = time.monotonic()
+    with CheckpointLocks(cfg, ["silver"], say=messages.append):
+        waited = time.monotonic() - started
+        assert json.loads(lease.read_text())["owner"].startswith(f"pid {os.getpid()} ")
+    assert any("waiting up to" in m for m in messages), messages
+    assert waited <= cfg.object_store.lease_ttl.seconds + 5
+    with pytest.raises(CheckpointBusy):   # the lease is ours while held: a rival is refused
+        with CheckpointLocks(cfg, ["silver"], say=lambda m: None):
+            CheckpointLocks(cfg, ["silver"], say=lambda m: None).__enter__()
