@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from common.config import ConfigError, load_config
-from common.storage import StorageError, parse
+from common.storage import StorageError
 
 
 def _positive(text: str) -> int:
@@ -58,26 +58,23 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
-    try:
-        root = parse(args.root) if args.root else (Path(tempfile.mkdtemp(prefix="chaos-")) / "lakehouse").resolve()
-        if root.exists() and any(root.iterdir()):
-            print(f"error: {root} is not empty; chaos needs a fresh lakehouse root", file=sys.stderr)
-            return 2
-    except StorageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    logs = args.logs or (root.parent / f"{root.name}-chaos-logs" if isinstance(root, Path)
-                         else Path(tempfile.mkdtemp(prefix="chaos-logs-")))
     s = Settings(kills=args.kills, seed=seed, mode=args.mode, events_per_wave=args.events_per_wave,
                  feed_every_s=args.feed_every)
     from chaos.run import job_env
 
+    root = args.root or str((Path(tempfile.mkdtemp(prefix="chaos-")) / "lakehouse").resolve())
     env = job_env(root, s)
     try:
-        cfg = load_config(env=env)
-    except ConfigError as e:
+        cfg = load_config(env=env)   # an s3a:// root needs the config's object store to be read
+        root = cfg.root
+        if root.exists() and any(root.iterdir()):
+            print(f"error: {root} is not empty; chaos needs a fresh lakehouse root", file=sys.stderr)
+            return 2
+    except (ConfigError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    logs = args.logs or (root.parent / f"{root.name}-chaos-logs" if isinstance(root, Path)
+                         else Path(tempfile.mkdtemp(prefix="chaos-logs-")))
     summary = run(cfg, root, s, env, logs)
     text = json.dumps(summary, indent=2, default=str)
     if args.report:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import html
 import sys
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from common.config import ConfigError, load_config  # noqa: E402
-from common.storage import is_delta_table
+from common.storage import StorageError, is_delta_table, parse, write_atomic  # noqa: E402
 
 
 def _read(spark, cfg, layer: str, table: str):
@@ -167,14 +168,25 @@ def main(argv=None, *, spark=None, cfg=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or cfg.paths.reports)
+    try:
+        target = parse(args.out or cfg.paths.reports)
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     own = spark is None
     if own:
         from common.spark import build_spark
 
         spark = build_spark(cfg, "report")
     try:
-        written = build_report(spark, cfg, out)
+        with tempfile.TemporaryDirectory(prefix="report-") as tmp:
+            # matplotlib writes local files: on object storage, draw here and upload the page.
+            local = target if isinstance(target, Path) else Path(tmp)
+            written = build_report(spark, cfg, local)
+            if not isinstance(target, Path):
+                for path in written:
+                    write_atomic(target / path.name, path.read_bytes())
+                written = [target / path.name for path in written]
     finally:
         if own:
             spark.stop()

@@ -142,7 +142,8 @@ class Runner:
 
         try:
             selected = {layer.name for layer in self.layers}
-            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries], say=self.log):
+            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries],
+                                 say=lambda m: self.log(m, flush=True)):
                 for layer in self.layers:
                     layer.preflight(selected)
                 return self._run_locked()

@@ -4,7 +4,8 @@
 One chaos run on s3a covers the pipeline end to end: landing files written to the bucket,
 bronze, silver and gold as one application, kill -9 of that process mid-batch and restarts
 (each restart takes over the dead process's checkpoint leases once they expire), an
-available-now drain, `python -m audit` passing on s3a, and byte-exact bronze. A second test
+available-now drain, `python -m audit` passing on s3a, byte-exact bronze, and `make report`
+writing its page to the bucket. A second test
 holds the checkpoint lease and checks that another instance is refused before Spark starts.
 """
 from __future__ import annotations
@@ -96,6 +97,15 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
                  "landing/nest"):
         assert (stored / part).is_dir(), part
     assert not (REPO / "s3a:").exists() and not (Path.cwd() / "s3a:").exists()
+
+    # make report on the same lakehouse, its page written to the bucket too.
+    reports = f"{s3_env['LAKEHOUSE_ROOT']}-reports"
+    rep = subprocess.run([sys.executable, "-m", "common.report"], cwd=REPO, env=dict(s3_env, REPORTS_DIR=reports),
+                         capture_output=True, text=True, timeout=600)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert f"wrote {reports}/index.html" in rep.stdout
+    page = stored.parent / "lakehouse-reports" / "index.html"
+    assert page.is_file() and "Lakehouse report: s3a://" in page.read_text()
 
 
 def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env):
