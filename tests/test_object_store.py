@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LEASE_TTL = "6 seconds"     # a restart after kill -9 waits at most this long for the dead lease
+# A restart after kill -9 waits at most this long for the dead lease. Longer than a pipeline
+# process takes to import its layers and reach the lock (about 10 s), so the next start sees the lease.
+LEASE_TTL = "20 seconds"
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +87,8 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
     names = [c["name"] for c in summary["checks"]]
     assert "bronze: raw bytes unchanged" in names and "audit passes" in names, names
     assert summary["audit_exit"] == 0, summary["audit_failures"]
-    # Each restart found the killed process's lease and waited for it to expire.
-    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("pipeline-*.log"))
+    # A start after a kill found the killed process's lease and waited for it to expire.
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
     assert "waiting up to" in logs and "lease held by" in logs
     assert proc.returncode == 0, proc.stderr[-4000:]
 
