@@ -10,7 +10,10 @@ from common.catalog import register_tables
 from common.config import Config
 from common.jars import s3a_jars, spark_extra_jars
 
-FAIR_POOLS = Path(__file__).resolve().parent.parent / "conf" / "fairscheduler.xml"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+FAIR_POOLS = CONF_DIR / "fairscheduler.xml"
+# The driver's log: Spark's warnings without the noise every healthy run logs (see the file).
+LOG_CONFIG = f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -25,7 +28,7 @@ def jvm_options(cfg: Config, archive: bool = True) -> str:
     if jit == "auto":
         jit = "c1" if cfg.streaming.trigger == "available-now" else "tiered"
     cds = class_archive.driver_options(archive and cfg.spark.class_archive)
-    return " ".join(o for o in ("-Duser.timezone=UTC", C1_ONLY if jit == "c1" else "", cds) if o)
+    return " ".join(o for o in ("-Duser.timezone=UTC", LOG_CONFIG, C1_ONLY if jit == "c1" else "", cds) if o)
 
 
 def object_store_conf(cfg: Config) -> dict[str, str]:
@@ -87,8 +90,34 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": str(FAIR_POOLS),
         "spark.driver.extraJavaOptions": jvm_options(cfg),
+        # Executors of a cluster keep Spark's own logging: their logs are the cluster's.
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
+
+
+def submitted() -> bool:
+    """True when spark-submit launched this driver: its JVM is already running (and told us
+    where, in these variables), started with the submit's --master and --conf."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def master_override(cfg: Config) -> str | None:
+    """The master this process sets: SPARK_MASTER, else conf spark.master; none under
+    spark-submit without SPARK_MASTER, so `spark-submit --master ...` wins over conf."""
+    if submitted() and "SPARK_MASTER" not in os.environ:
+        return None
+    return cfg.spark.master
+
+
+def submit_properties(cfg: Config) -> str:
+    """spark_conf as a spark-submit --properties-file: what the driver JVM needs at launch
+    (jars on its classpath, JVM options, memory), which a session built inside an already
+    running JVM cannot add. No master: spark-submit's --master says where to run."""
+    def escape(v: str) -> str:
+        return v.replace("\\", "\\\\")
+
+    lines = [f"{k} {escape(v)}" for k, v in spark_conf(cfg).items()]
+    return "# spark-submit --properties-file for this lakehouse (python -m common.spark --properties)\n" + "\n".join(lines) + "\n"
 
 
 def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] | None = None):
@@ -100,10 +129,34 @@ def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] 
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master(cfg.spark.master).appName(app_name or cfg.spark.app_name)
+    builder = SparkSession.builder.appName(app_name or cfg.spark.app_name)
+    master = master_override(cfg)
+    if master:
+        builder = builder.master(master)
     for key, value in {**spark_conf(cfg), **(extra or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(cfg.spark.log_level)
     register_tables(spark, cfg)
     return spark
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from common.config import load_config
+
+    parser = argparse.ArgumentParser(
+        prog="python -m common.spark",
+        description="Print the Spark settings of this lakehouse as a spark-submit properties file:\n"
+                    "  python -m common.spark --properties > lakehouse.conf\n"
+                    "  spark-submit --master spark://host:7077 --properties-file lakehouse.conf pipeline/__main__.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--properties", action="store_true", help="print the properties file (default)")
+    parser.parse_args(argv)
+    sys.stdout.write(submit_properties(load_config()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
