@@ -2,7 +2,8 @@
 
 A master and two workers (1 core each) run on 127.0.0.1 from the launcher pyspark ships. The same
 generated landing data goes into two lakehouse roots; `python -m pipeline` (available-now, one application)
-runs once with SPARK_MASTER=spark://127.0.0.1:<port> and once with local[2], side by side, and
+runs once through `spark-submit --master spark://127.0.0.1:<port> --properties-file` (the
+README's line: the submit's master wins over conf) and once with SPARK_MASTER=local[2], side by side, and
 the three gold tables must hold the same rows. The daemons, the executors they fork and the job
 drivers must all be gone afterwards.
 """
@@ -33,16 +34,28 @@ def cluster(tmp_path):
         c.stop()
 
 
-def _start_pipeline(env: dict, root: Path, master: str) -> subprocess.Popen:
+def _start_pipeline(env: dict, root: Path, master: str, submit: bool = False) -> subprocess.Popen:
     # Every JVM here is short-lived (one available-now run): C1 only roughly halves the run.
-    env = with_jvm_options(dict(env, LAKEHOUSE_ROOT=str(root), SPARK_MASTER=master,
-                                SPARK_LOCAL_IP="127.0.0.1"))
+    env = dict(env, LAKEHOUSE_ROOT=str(root), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env.pop("SPARK_MASTER", None)
+    if not submit:
+        env["SPARK_MASTER"] = master
+    env = with_jvm_options(env)
     gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "2000", "--seed", "5",
                           "--files", "4"], cwd=REPO, env=env, capture_output=True, text=True)
     assert gen.returncode == 0, gen.stderr
     root.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pipeline"]
+    if submit:
+        props = root.parent / "lakehouse.conf"
+        written = subprocess.run([sys.executable, "-m", "common.spark", "--properties"], cwd=REPO, env=env,
+                                 capture_output=True, text=True, check=True).stdout
+        assert "spark.master" not in written
+        props.write_text(written)
+        command = [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
+                   "--properties-file", str(props), "pipeline/__main__.py"]
     with open(root.parent / f"{root.name}-run-all.log", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "pipeline"], cwd=REPO, env=env,
+        return subprocess.Popen(command, cwd=REPO, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -50,6 +63,7 @@ def _tail(path: Path, chars: int = 4000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
+@pytest.mark.slow
 def test_jobs_on_a_standalone_cluster_match_local_mode(spark, env, tmp_path, cluster):
     for var in ("PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR"):
         env.pop(var, None)
@@ -59,7 +73,7 @@ def test_jobs_on_a_standalone_cluster_match_local_mode(spark, env, tmp_path, clu
     roots = {"cluster": tmp_path / "cluster" / "lakehouse", "local": tmp_path / "local" / "lakehouse"}
     masters = {"cluster": cluster.master_url, "local": "local[2]"}
     started = time.monotonic()
-    runs = {name: _start_pipeline(env, roots[name], masters[name]) for name in roots}
+    runs = {name: _start_pipeline(env, roots[name], masters[name], submit=name == "cluster") for name in roots}
     try:
         deadline = started + RUN_TIMEOUT
         codes = {name: run.wait(max(1.0, deadline - time.monotonic())) for name, run in runs.items()}
@@ -101,3 +115,17 @@ def test_jobs_on_a_standalone_cluster_match_local_mode(spark, env, tmp_path, clu
         time.sleep(0.5)
     assert left == [], left
     print(f"\nboth pipelines: {elapsed:.0f} s")
+
+
+def test_a_master_given_to_spark_submit_or_spark_master_wins_over_conf(env, monkeypatch):
+    from common.config import load_config
+    from common.spark import master_override
+
+    cfg = load_config(env={**env, "LAKEHOUSE__SPARK__MASTER": "local[3]"})
+    monkeypatch.delenv("SPARK_MASTER", raising=False)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert master_override(cfg) == "local[3]"          # plain python: conf
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4711")  # launched by spark-submit
+    assert master_override(cfg) is None                # the submit's --master stays
+    monkeypatch.setenv("SPARK_MASTER", "local[2]")
+    assert master_override(load_config(env={**env, "SPARK_MASTER": "local[2]"})) == "local[2]"
