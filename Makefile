@@ -50,8 +50,8 @@ $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3p
 test: setup ## Run the whole test suite (real Spark, Delta and Kafka)
 	$(PY) -m pytest -q --durations=15
 
-test-fast: setup ## Tests that need no Kafka broker
-	$(PY) -m pytest -q -m "not kafka"
+test-fast: setup ## The quick loop: no Kafka broker, no long end-to-end runs (chaos, cluster, soak, S3 chaos)
+	$(PY) -m pytest -q -m "not kafka and not slow"
 
 kafka-up: setup ## Start the local KRaft Kafka broker on 127.0.0.1 (port from conf)
 	$(PY) -m common.kafka_broker up
@@ -99,18 +99,29 @@ run-all: setup ## bronze -> silver -> gold in one Spark application; TRIGGER=pro
 
 DEMO_N ?= 20000
 STORE  ?= local
+define DEMO_NEXT
+@echo
+@echo "What to try next:"
+@echo "  make status                       each query: last batch, rates, lag, state"
+@echo "  make sql Q=\"SELECT * FROM gold.device_sessions LIMIT 5\"   SQL on any table (VERSION AS OF n too)"
+@echo "  make audit                        prove every gold version from the silver version it read"
+@echo "  make report                       charts of batches, quality and quarantine (reports/index.html)"
+@echo "  make run-all TRIGGER=processing-time   keep streaming; drop files into the landing folder"
+endef
 demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql); STORE=s3 on the local S3 server
 ifeq ($(STORE),s3)
 	$(PY) -m common.s3_server up
 	eval "$$($(PY) -m common.s3_server env --prefix demo)" && \
 	  $(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED) && \
 	  $(PY) -m pipeline && \
-	  $(PY) -m common.sql -f conf/demo.sql 2>/dev/null
+	  $(PY) -m common.sql -f conf/demo.sql
+	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$($(PY) -m common.s3_server env --prefix demo)"  first for the commands below.'
 else
 	$(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED)
 	$(MAKE) --no-print-directory run-all
-	@$(PY) -m common.sql -f conf/demo.sql 2>/dev/null
+	@$(PY) -m common.sql -f conf/demo.sql
 endif
+	$(DEMO_NEXT)
 
 status: setup ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
 	@$(PY) -m common.status $(if $(JSON),--json)
