@@ -152,16 +152,6 @@ def settings(argv) -> tuple[argparse.Namespace, dict, object]:
 
 # --- sampling ----------------------------------------------------------------------------------
 
-def _rss(pid: int | str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def _tree(path: Path, skip_hidden: bool = True) -> tuple[int, int]:
     """(files, bytes) under path; hidden files are Hadoop's .crc siblings and temp files."""
     files = size = 0
@@ -262,13 +252,13 @@ class Sampler:
         self.system = jvm.java.lang.System
 
     def process(self) -> dict:
-        from common.processes import descendants
+        from common.processes import descendants, rss
 
         # Heap used right after a full collection: the live set, not wherever G1 happened to be
         # between young collections (which swings by the size of the young generation).
         self.system.gc()
-        return {"jvm_rss": _rss(self.jvm_pid), "python_rss": _rss("self"),
-                "workers_rss": sum(_rss(p) or 0 for p in descendants(self.jvm_pid)),
+        return {"jvm_rss": rss(self.jvm_pid), "python_rss": rss(os.getpid()),
+                "workers_rss": sum(rss(p) or 0 for p in descendants(self.jvm_pid)),
                 "heap_used": int(self.memory.getHeapMemoryUsage().getUsed()),
                 "nonheap_used": int(self.memory.getNonHeapMemoryUsage().getUsed())}
 

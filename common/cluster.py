@@ -133,7 +133,7 @@ class StandaloneCluster:
     def alive_pids(self) -> list[int]:
         """Every process still in one of the daemons' process groups (daemons and executors)."""
         groups = {p.pid for p in self.procs.values()}
-        return [pid for pid, _, pgrp, state in process_table() if pgrp in groups and state != "Z"]
+        return [pid for pid, _, pgrp, zombie in process_table() if pgrp in groups and not zombie]
 
     def _signal_groups(self, sig: int) -> None:
         for proc in self.procs.values():

@@ -2,7 +2,8 @@
 bench) and the local servers (Kafka broker, S3 server).
 
 Jobs run in their own sessions (run-all) and fork a JVM, so signalling one pid is not enough:
-these find and end every descendant, and check that nothing was left behind.
+these find and end every descendant, and check that nothing was left behind. psutil, not /proc,
+so they work wherever the project does.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 from common.spark import C1_ONLY
 
@@ -24,23 +27,20 @@ def with_jvm_options(env: dict[str, str], options: str = C1_ONLY) -> dict[str, s
 
 
 def process_table():
-    """(pid, ppid, pgrp, state) of every process, from /proc."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    """(pid, ppid, pgrp, zombie) of every process, from psutil (Linux, macOS, BSD alike)."""
+    for p in psutil.process_iter(["ppid", "status"]):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            pgrp = os.getpgid(p.pid)
+        except (ProcessLookupError, PermissionError):
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        yield int(entry.name), int(fields[1]), int(fields[2]), fields[0]
+        yield p.pid, p.info["ppid"], pgrp, p.info["status"] == psutil.STATUS_ZOMBIE
 
 
 def descendants(pid: int) -> list[int]:
     """Every live descendant of pid (children, grandchildren...), whatever their session."""
     children: dict[int, list[int]] = {}
-    for p, ppid, _, state in process_table():
-        if state != "Z":
+    for p, ppid, _, zombie in process_table():
+        if not zombie:
             children.setdefault(ppid, []).append(p)
     out, todo = [], [pid]
     while todo:
@@ -64,17 +64,29 @@ def processes_using(path: Path) -> list[str]:
     """Live processes whose command line or working directory lies under path (leak check)."""
     needle = str(Path(path).resolve())
     found = []
-    for pid, _, _, state in process_table():
-        if pid == os.getpid() or state == "Z":
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if needle in cmd or cwd.startswith(needle):
-            found.append(f"{pid}: {cmd[:200]}")
+        cmd = " ".join(p.info["cmdline"] or [])
+        if needle in cmd or (p.info["cwd"] or "").startswith(needle):
+            found.append(f"{p.pid}: {cmd[:200]}")
     return found
+
+
+def command_line(pid: int) -> str:
+    """pid's command line, or "" once it is gone."""
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
+
+
+def rss(pid: int) -> int | None:
+    """pid's resident memory in bytes, None once it is gone."""
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
 
 
 def free_port() -> int:

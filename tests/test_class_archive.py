@@ -1,7 +1,7 @@
 """The driver JVM maps the class archive `make setup` built, and only when conf says so."""
 from __future__ import annotations
 
-from pathlib import Path
+import psutil
 
 from common import class_archive
 from common.config import load_config
@@ -13,7 +13,7 @@ def test_the_driver_jvm_maps_the_class_archive(spark):
     assert archive.is_file(), f"{archive} missing: `make setup` builds it"
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     # A JVM that refuses an archive (other JDK, other classpath) unmaps it and loads from jars.
-    assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
+    assert str(archive) in {m.path for m in psutil.Process(pid).memory_maps()}
     # Delta is on the driver's own classpath, where the archive can hold its classes.
     loader = spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable").getClassLoader()
     assert loader.equals(spark._jvm.java.lang.ClassLoader.getSystemClassLoader())
