@@ -10,6 +10,9 @@ M2         := $(CACHE)/m2
 MVN        := mvn -q -B -s jvm/settings.xml -Dmaven.repo.local=$(M2)
 PY_STAMP   := $(VENV)/.installed
 JAR_STAMP  := $(CACHE)/jars/.fetched
+# The full resolved Python set (every transitive package, pip and setuptools included): setup
+# installs exactly these; `make lock` re-resolves pyproject's pins into it.
+LOCK       := requirements.lock
 
 # Knobs passed through to the jobs (each also has a config key; see conf/lakehouse.yaml).
 N        ?= 10000
@@ -18,7 +21,7 @@ SINK     ?= files
 # PROFILE=<name> picks conf/profiles/<name>.yaml (default nest) for every target; PROFILES_DIR another folder.
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q PROFILE PROFILES_DIR
 
-.PHONY: help setup test test-fast bench generate run-bronze run-silver run-gold run-all \
+.PHONY: help setup lock test test-fast bench generate run-bronze run-silver run-gold run-all \
         seed-locations sql demo audit bench-audit soak status report chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore
 
 help: ## List the targets
@@ -27,12 +30,23 @@ help: ## List the targets
 setup: $(PY_STAMP) $(JAR_STAMP) ## Create .venv, install pinned Python deps, fetch JVM jars with Maven, build the JVM class archive (idempotent)
 	@$(PY) -m common.class_archive
 
-# Re-install only when the pins change; a second `make setup` is a no-op.
-$(PY_STAMP): pyproject.toml
+# Re-install only when the pins or the lock change; a second `make setup` is a no-op.
+# PIP_CONSTRAINT (not -c) also reaches pip's isolated build of the project (setuptools).
+$(PY_STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e .
+	PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $@
+
+lock: ## Re-resolve pyproject.toml's pins into requirements.lock in a scratch venv (then commit it)
+	rm -rf $(CACHE)/lock-venv && $(PYTHON_SYS) -m venv $(CACHE)/lock-venv
+	$(CACHE)/lock-venv/bin/pip install -q --disable-pip-version-check --upgrade pip setuptools
+	$(CACHE)/lock-venv/bin/pip install -q --disable-pip-version-check -e .
+	{ echo "# The full Python set make setup installs (PIP_CONSTRAINT), resolved by \`make lock\` from"; \
+	  echo "# pyproject.toml's pins with $$($(CACHE)/lock-venv/bin/python -V) on $$(uname -sm). Do not edit."; \
+	  $(CACHE)/lock-venv/bin/pip freeze --all --exclude-editable; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK) && rm -rf $(CACHE)/lock-venv
+	@echo "requirements.lock: $$(grep -vc '^#' $(LOCK)) packages"
 
 $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3proxy/pom.xml jvm/settings.xml
 	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the JVM jars"; exit 1; }
