@@ -97,6 +97,7 @@ class EmbeddedEngine:
         if not isinstance(tree, exp.Query):
             kind = tree.key.upper() if not isinstance(tree, exp.Command) else str(tree.this).upper()
             raise Unsupported(f"{kind} is not a read-only query")
+        _name_like_spark(tree)
         for node in list(tree.find_all(exp.Table)):
             layer = node.db.lower()
             if layer in self.cfg.tables and node.catalog.lower() in ("", SESSION_CATALOG):
@@ -171,6 +172,24 @@ def _as_of(version, table: str):
                          f"got {value.sql()}") from None
     # A timestamp without a zone is in Spark's session time zone, UTC (common.spark).
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def _name_like_spark(tree) -> None:
+    """Alias each unnamed result expression with the name Spark gives it (`count(1)`,
+    `round((duration_seconds / 60), 1)`), where DuckDB would say `count_star()`."""
+    from sqlglot import exp
+
+    for proj in list(tree.selects):
+        if isinstance(proj, (exp.Alias, exp.Column, exp.Star, exp.Literal)):
+            continue
+        name = exp.Paren(this=proj.copy())  # a parent, so the root is replaced like the rest
+        for paren in list(name.this.find_all(exp.Paren)):
+            paren.replace(paren.this)
+        # Spark parenthesises every binary operator; innermost first, so each copy holds its own.
+        for binary in reversed(list(name.find_all(exp.Binary, bfs=False))):
+            binary.replace(exp.Paren(this=binary.copy()))
+        text = name.this.sql(dialect="spark", normalize_functions="lower").replace("count(*)", "count(1)")
+        proj.replace(exp.alias_(proj.copy(), text, quoted=True))
 
 
 def spark_value(v):

@@ -63,10 +63,11 @@ class Runner:
     """Runs statements on the chosen engine; Spark starts only for the first statement that
     needs it, and stays up for the rest."""
 
-    def __init__(self, cfg, engine: str, fallback: bool = True):
+    def __init__(self, cfg, engine: str, fallback: bool = True, spark=None):
+        """spark: a running session to use instead of starting one; close() leaves it running."""
         self.cfg, self.engine, self.fallback = cfg, engine, fallback
         self._embedded = None
-        self.spark = None
+        self.spark, self._own_spark = spark, spark is None
 
     def run(self, query: str, limit: int) -> str:
         if self.engine == "embedded":
@@ -89,7 +90,7 @@ class Runner:
         return run_query(self.spark, query, limit)
 
     def close(self) -> None:
-        if self.spark is not None:
+        if self.spark is not None and self._own_spark:
             self.spark.stop()
 
 
