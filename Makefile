@@ -19,7 +19,7 @@ N        ?= 10000
 SEED     ?= 7
 SINK     ?= files
 # PROFILE=<name> picks conf/profiles/<name>.yaml (default nest) for every target; PROFILES_DIR another folder.
-export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q PROFILE PROFILES_DIR
+export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup lock test test-fast bench generate run-bronze run-silver run-gold run-all \
         seed-locations sql demo audit bench-audit soak status report chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore
@@ -97,7 +97,7 @@ run-silver: setup ## bronze.events -> silver.camera_events + silver.quarantine (
 run-gold: setup ## silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity, gold.device_sessions
 	$(PY) -m pipeline --layer gold
 
-sql: setup ## make sql Q="SELECT ..." prints a table; plain `make sql` opens a spark-sql shell (Delta + tables)
+sql: setup ## make sql Q="SELECT ..." prints a table (no JVM; ENGINE=spark for Spark SQL); plain `make sql` opens a spark-sql shell
 	@$(PY) -m common.sql $(if $(Q),"$$Q") $(if $(LIMIT),--limit $(LIMIT))
 
 diff: setup ## Rows added/removed between two versions: TABLE=gold.x FROM=3 TO=7 (SAMPLE=N, JSON=1)

@@ -1,7 +1,14 @@
 """SQL over the lakehouse catalog (bronze.*, silver.*, gold.*, ops.*), Delta time travel included.
 
     python -m common.sql "SELECT * FROM gold.zip_hourly_sightings ORDER BY sightings DESC"
+    python -m common.sql "SELECT count(*) FROM gold.device_sessions VERSION AS OF 3"
+    python -m common.sql -f conf/demo.sql
     python -m common.sql            # interactive spark-sql shell with Delta and the tables
+
+Queries run on the embedded engine (delta-rs + DuckDB, no JVM: an answer in well under a
+second). A statement it cannot run (DDL/DML, DESCRIBE HISTORY, a function or syntax it lacks,
+a table delta-rs cannot read) runs on Spark instead, with a one-line note on stderr saying why;
+--no-fallback makes that an error. ENGINE=spark (or --engine spark) runs everything on Spark.
 """
 from __future__ import annotations
 
@@ -28,12 +35,64 @@ def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> 
     return "\n".join([line, fmt(columns), line, *map(fmt, body), line])
 
 
-def run_query(spark, query: str, limit: int) -> str:
-    df = spark.sql(query)
-    rows = [tuple(r) for r in df.limit(limit + 1).collect()]
+ENGINES = ("embedded", "spark")
+
+
+class StatementError(Exception):
+    """A statement that failed: Spark's first line of why, or why it was not run at all."""
+
+
+def render(columns: list[str], rows: list[tuple], limit: int) -> str:
+    """The table and its footer from up to limit + 1 rows (one more says there are more)."""
     more = len(rows) > limit
-    out = format_table(df.columns, rows[:limit])
+    out = format_table(columns, rows[:limit])
     return out + (f"\n(first {limit} rows shown; use --limit)" if more else f"\n({len(rows)} rows)")
+
+
+def run_query(spark, query: str, limit: int) -> str:
+    from pyspark.errors import AnalysisException, ParseException
+
+    try:
+        df = spark.sql(query)
+        return render(df.columns, [tuple(r) for r in df.limit(limit + 1).collect()], limit)
+    except (AnalysisException, ParseException) as e:
+        raise StatementError(str(e).split("\n")[0]) from None
+
+
+class Runner:
+    """Runs statements on the chosen engine; Spark starts only for the first statement that
+    needs it, and stays up for the rest."""
+
+    def __init__(self, cfg, engine: str, fallback: bool = True, spark=None):
+        """spark: a running session to use instead of starting one; close() leaves it running."""
+        self.cfg, self.engine, self.fallback = cfg, engine, fallback
+        self._embedded = None
+        self.spark, self._own_spark = spark, spark is None
+
+    def run(self, query: str, limit: int) -> str:
+        if self.engine == "embedded":
+            from common.embedded_sql import EmbeddedEngine, Unsupported
+
+            try:
+                if self._embedded is None:
+                    self._embedded = EmbeddedEngine(self.cfg)
+                return render(*self._embedded.query(query, limit + 1), limit)
+            except Unsupported as e:
+                if not self.fallback:
+                    raise StatementError(f"the embedded engine cannot run this statement: {e}; "
+                                         f"run it with ENGINE=spark") from None
+                print(f"sql: the embedded engine cannot run this statement ({e}); running it on Spark",
+                      file=sys.stderr, flush=True)
+        if self.spark is None:
+            from common.spark import build_spark
+
+            self.spark = build_spark(self.cfg, "sql")
+        return run_query(self.spark, query, limit)
+
+    def close(self) -> None:
+        if self.spark is not None and self._own_spark:
+            self.spark.stop()
+
 
 
 def spark_sql_shell(cfg) -> int:
@@ -72,7 +131,13 @@ def main(argv=None) -> int:
     parser.add_argument("query", nargs="?", help="SQL to run; omit for an interactive shell")
     parser.add_argument("-f", "--file", help="run the ';'-separated statements of a file, printing each")
     parser.add_argument("--limit", type=int, default=100, help="rows to print (default 100)")
+    parser.add_argument("--engine", default=os.environ.get("ENGINE") or "embedded",
+                        help="embedded (delta-rs + DuckDB, default) or spark; default from env ENGINE")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="fail on a statement the embedded engine cannot run instead of running it on Spark")
     args = parser.parse_args(argv)
+    if args.engine not in ENGINES:
+        return fail(f"unknown engine {args.engine!r} (--engine or ENGINE): use one of {', '.join(ENGINES)}")
     try:
         cfg = load_config()
     except ConfigError as e:
@@ -80,20 +145,18 @@ def main(argv=None) -> int:
     if not args.query and not args.file:
         return spark_sql_shell(cfg)
     queries = [args.query] if args.query else _statements(Path(args.file))
-    from pyspark.errors import AnalysisException, ParseException
+    from common.embedded_sql import QueryError
 
-    from common.spark import build_spark
-
-    spark = build_spark(cfg, "sql")
+    runner = Runner(cfg, args.engine, fallback=not args.no_fallback)
     try:
         for q in queries:
             if args.file:
-                print(f"\n{q}")
-            print(run_query(spark, q, args.limit))
-    except (AnalysisException, ParseException) as e:
-        return fail(str(e).split("\n")[0])
+                print(f"\n{q}", flush=True)
+            print(runner.run(q, args.limit), flush=True)
+    except (QueryError, StatementError) as e:
+        return fail(str(e))
     finally:
-        spark.stop()
+        runner.close()
     return 0
 
 
