@@ -339,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                  "malformed_rate": args.malformed_rate, "unknown_device_rate": args.unknown_device_rate,
                  "span_s": args.span.seconds if args.span else None}
     params = replace(Params.from_config(cfg.generator), **{k: v for k, v in overrides.items() if v is not None})
-    batch = generate(args.events, params, args.seed)
+    try:
+        batch = generate(args.events, params, args.seed)
+    except ValueError as e:   # e.g. more events than milliseconds in --span
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     write_locations(cfg.locations_csv, params.devices)
     files: list[Location] = []
     topic = None

@@ -167,6 +167,8 @@ def test_bad_arguments_and_config_fail_with_status_2(cfg, monkeypatch, capsys):
         with pytest.raises(SystemExit) as e:
             gen.main(bad)
         assert e.value.code == 2
+    assert gen.main(["-n", "100", "--span", "50 ms"]) == 2
+    assert "100 events do not fit in a span of 50 ms" in capsys.readouterr().err
     monkeypatch.setenv("LAKEHOUSE__GENERATOR__DUPLICATE_RATE", "2")
     assert gen.main(["-n", "10"]) == 2
     assert "generator.duplicate_rate" in capsys.readouterr().err
