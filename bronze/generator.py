@@ -2,8 +2,10 @@
 
 The output is a pure function of (seed, arguments): no wall clock reaches the data or the
 file names, so a run can be repeated byte for byte and tests can assert exact counts.
-Defects (duplicates, late events, malformed lines, unknown devices) are injected at the
-configured rates and counted in a manifest that downstream accounting is checked against.
+When cameras fire is bronze/activity.py: bursts of a few events, idle gaps, more by day than
+by night. Defects (duplicates, late events, malformed lines, unknown devices) are injected at
+the configured rates and counted in a manifest that downstream accounting is checked against,
+beside the session lengths the feed holds for gold's session gap (bronze/session_stats.py).
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from random import Random
-from time import gmtime, strftime
+from time import gmtime, strftime, time
 from typing import NamedTuple
 
+from bronze import activity, session_stats
 from common.config import ConfigError, load_config, parse_duration
 from common.storage import Location, write_atomic
 
@@ -34,6 +37,9 @@ LOCATIONS = (("94105", "San Francisco", "CA"), ("10001", "New York", "NY"),
              ("60601", "Chicago", "IL"), ("98101", "Seattle", "WA"), ("78701", "Austin", "TX"),
              ("02108", "Boston", "MA"), ("80202", "Denver", "CO"), ("30303", "Atlanta", "GA"),
              ("97205", "Portland", "OR"), ("33131", "Miami", "FL"))
+# Standard time (no daylight saving) by state, for the cameras' day/night rhythm.
+UTC_OFFSETS = {"CA": -8, "NY": -5, "IL": -6, "WA": -8, "TX": -6, "MA": -5, "CO": -7, "GA": -5,
+               "OR": -8, "FL": -5}
 ROOMS = ("Front Door", "Backyard", "Garage", "Driveway", "Living Room", "Nursery", "Porch", "Side Gate")
 _BOOL = ("false", "true")
 
@@ -50,18 +56,21 @@ class Params:
     unknown_devices: int
     cameras_per_record_max: int
     start_ms: int
-    span_s: float
+    span_s: float | None          # None: as long as the activity model needs for the events
     max_lateness_s: float
     duplicate_rate: float
     late_rate: float
     malformed_rate: float
     unknown_device_rate: float
+    rhythm: activity.Rhythm
 
     @classmethod
     def from_config(cls, g) -> Params:
+        rhythm = activity.Rhythm(g.burst_events, g.burst_gap.seconds, g.idle_gap.seconds, g.day_night_factor)
         return cls(g.devices, max(0, g.unknown_devices), g.cameras_per_record_max,
-                   round(g.start.timestamp() * 1000), g.span.seconds, g.max_lateness.seconds,
-                   g.duplicate_rate, g.late_rate, g.malformed_rate, g.unknown_device_rate)
+                   round(g.start.timestamp() * 1000), g.span.seconds if g.span else None,
+                   g.max_lateness.seconds, g.duplicate_rate, g.late_rate, g.malformed_rate,
+                   g.unknown_device_rate, rhythm)
 
 
 @dataclass
@@ -69,6 +78,11 @@ class Batch:
     records: list[Record]
     counts: dict[str, int]            # valid, duplicates, late, malformed, unknown_device, events
     malformed_kinds: dict[str, int]
+    event_times: dict[str, list[int]]   # device -> start times (epoch ms) of its emitted events
+    span_s: float                       # event time the timeline covers from the start
+
+    def sessions(self, gap_s: float) -> dict:
+        return session_stats.summary(self.event_times, gap_s)
 
 
 class SinkError(RuntimeError):
@@ -83,19 +97,20 @@ def unknown_ids(n: int) -> list[str]:
     return [f"cam-x{i:03d}" for i in range(1, n + 1)]
 
 
-@lru_cache(maxsize=1 << 16)
-def _second_text(sec: int) -> str:
-    return strftime("%Y-%m-%dT%H:%M:%S", gmtime(sec))
+@lru_cache(maxsize=1 << 12)
+def _minute_text(minute: int) -> str:
+    return strftime("%Y-%m-%dT%H:%M", gmtime(minute * 60))
 
 
 def _iso(ms: int) -> str:
-    # strftime per event dominates the run time; events arrive in order, so the cache hits.
-    sec, milli = divmod(ms, 1000)
-    return f"{_second_text(sec)}.{milli:03d}Z"
+    # strftime per event would dominate the run time; events arrive nearly in order, and a
+    # camera's events are sparse in time, so the cache is per minute rather than per second.
+    minute, milli = divmod(ms, 60_000)
+    return f"{_minute_text(minute)}:{milli // 1000:02d}.{milli % 1000:03d}Z"
 
 
-def _camera(prefix: str, rng: Random, t_ms: int) -> str:
-    person = rng.random() < 0.3
+def _camera(prefix: str, rng: Random, t_ms: int, person_episode: bool) -> str:
+    person = person_episode and rng.random() < 0.85
     motion = person or rng.random() < 0.6
     return (f'{prefix}{_BOOL[rng.random() < 0.95]},"last_event":{{"has_sound":{_BOOL[rng.random() < 0.25]},'
             f'"has_motion":{_BOOL[motion]},"has_person":{_BOOL[person]},"start_time":"{_iso(t_ms)}",'
@@ -132,36 +147,47 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
     prefix = {d: f'"{d}":{{"device_id":"{d}","name":"{ROOMS[i % len(ROOMS)]} {i + 1}","is_online":'
               for ids in (known, unknown) for i, d in enumerate(ids)}
     unknown_rate = p.unknown_device_rate if unknown else 0.0
-    # Cap cameras per record by the distinct devices that can be drawn, or the draw never ends.
+    # Cap cameras per record by the devices that can fire, or a record could never fill.
     pool = (len(known) if unknown_rate < 1 else 0) + (len(unknown) if unknown_rate > 0 else 0)
     k_max = min(p.cameras_per_record_max, pool)
-    step_ms = p.span_s * 1000 / n_events
+    devices = known + unknown
+    events = activity.timeline(n_events, p.start_ms, [utc_offset(i) for ids in (known, unknown)
+                                                      for i in range(len(ids))],
+                               _weights(len(known), len(unknown), unknown_rate), p.rhythm, seed)
+    if p.span_s is not None:
+        events = activity.fit(events, p.start_ms, int(p.span_s * 1000))
     lateness = (min(60.0, p.max_lateness_s), p.max_lateness_s)
     records: list[Record] = []
     pending: list[tuple[int, int, Record]] = []   # duplicates waiting for their slot
     counts = dict.fromkeys(("valid", "duplicates", "late", "malformed", "unknown_device"), 0)
     kinds = dict.fromkeys(MALFORMED_KINDS, 0)
+    emitted: dict[str, list[int]] = {d: [] for d in devices}
+    latest = None    # first event time of the last on-time record: what the stream has shown
     j = 0
     while j < n_events:
-        k = min(rng.randint(1, k_max), n_events - j)
-        shift = int(rng.uniform(*lateness) * 1000) if rng.random() < p.late_rate else 0
+        k = rng.randint(1, k_max)
+        late = rng.random() < p.late_rate and latest is not None
+        # A late record lands behind what the stream has shown, by up to max_lateness.
+        shift = events[j][0] - latest + int(rng.uniform(*lateness) * 1000) if late else 0
         ids: list[str] = []
         cameras: list[str] = []
-        while len(ids) < k:
-            is_unknown = rng.random() < unknown_rate
-            d = rng.choice(unknown) if is_unknown else rng.choice(known)
-            if d in ids:
-                continue
+        # The next events in time order, as long as each is another camera (a record holds
+        # one snapshot per camera).
+        while len(ids) < k and j < n_events and devices[events[j][1]] not in ids:
+            t, device, person = events[j]
+            d = devices[device]
             ids.append(d)
-            counts["unknown_device"] += is_unknown
-            # Each event owns a slot of the span, so event time advances along the stream.
-            t = p.start_ms + int((j + rng.random()) * step_ms) - shift
-            cameras.append(_camera(prefix[d], rng, t))
+            counts["unknown_device"] += device >= len(known)
+            t -= shift
+            emitted[d].append(t)
+            cameras.append(_camera(prefix[d], rng, t, person))
             j += 1
-        rec = Record(_record(cameras, rng).encode(), ids[0].encode(), "late" if shift else "valid")
+        if not late:
+            latest = events[j - len(ids)][0]
+        rec = Record(_record(cameras, rng).encode(), ids[0].encode(), "late" if late else "valid")
         records.append(rec)
         counts["valid"] += 1
-        counts["late"] += bool(shift)
+        counts["late"] += late
         if rng.random() < p.duplicate_rate:
             heapq.heappush(pending, (len(records) + rng.randint(1, 50), counts["duplicates"],
                                      rec._replace(kind="duplicate")))
@@ -169,7 +195,7 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
         if rng.random() < p.malformed_rate:
             m = counts["malformed"]
             kind = MALFORMED_KINDS[0] if m == 0 else MALFORMED_KINDS[1 + (m - 1) % (len(MALFORMED_KINDS) - 1)]
-            base = _record([_camera(prefix[rng.choice(known)], rng, t)], rng)
+            base = _record([_camera(prefix[rng.choice(known)], rng, t, rng.random() < activity.PERSON_EPISODE)], rng)
             records.append(Record(_malformed(kind, base, t, rng), None, kind))
             counts["malformed"] += 1
             kinds[kind] += 1
@@ -177,7 +203,22 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
             records.append(heapq.heappop(pending)[2])
     records.extend(rec for _, _, rec in sorted(pending))
     counts["events"] = n_events
-    return Batch(records, counts, kinds)
+    span_ms = int(p.span_s * 1000) if p.span_s is not None else events[-1][0] - p.start_ms + 1
+    return Batch(records, counts, kinds, emitted, span_ms / 1000)
+
+
+def utc_offset(index: int) -> int:
+    """A device's local standard time, from the location its index gives it (LOCATIONS)."""
+    return UTC_OFFSETS[LOCATIONS[index % len(LOCATIONS)][2]]
+
+
+def _weights(known: int, unknown: int, unknown_rate: float) -> list[float]:
+    """Activity per camera: known cameras at 1, unknown ones busy enough that their share of
+    the events is unknown_rate (all of them when it is 1)."""
+    if unknown_rate >= 1:
+        return [0.0] * known + [1.0] * unknown
+    each = unknown_rate / (1 - unknown_rate) * known / unknown if unknown else 0.0
+    return [1.0] * known + [each] * unknown
 
 
 def write_files(records: list[Record], landing: Location, seed: int, n_files: int) -> list[Location]:
@@ -281,7 +322,9 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("duplicate", "late", "malformed", "unknown-device"):
         ap.add_argument(f"--{name}-rate", type=rate, help=f"default: generator.{name.replace('-', '_')}_rate")
     ap.add_argument("--span", type=_arg(parse_duration, "a duration like '6 hours'"),
-                    help="event-time span, e.g. '6 hours' (default: generator.span)")
+                    help="event-time span, e.g. '6 hours': the activity timeline is squeezed or "
+                         "stretched to fill it (default: generator.span; null there: as long as "
+                         "the cameras' rhythm takes for the events)")
     return ap
 
 
@@ -296,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                  "malformed_rate": args.malformed_rate, "unknown_device_rate": args.unknown_device_rate,
                  "span_s": args.span.seconds if args.span else None}
     params = replace(Params.from_config(cfg.generator), **{k: v for k, v in overrides.items() if v is not None})
-    batch = generate(args.events, params, args.seed)
+    try:
+        batch = generate(args.events, params, args.seed)
+    except ValueError as e:   # e.g. more events than milliseconds in --span
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     write_locations(cfg.locations_csv, params.devices)
     files: list[Location] = []
     topic = None
@@ -308,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     except SinkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    sessions = batch.sessions(cfg.gold.session_gap.seconds)
     manifest = {"records": len(batch.records), **batch.counts, "malformed_kinds": batch.malformed_kinds,
+                "start": _iso(params.start_ms), "span_s": batch.span_s, "sessions": sessions,
                 "seed": args.seed, "sink": args.sink, "files": [str(f) for f in files], "topic": topic,
                 "locations": str(cfg.locations_csv)}
     if args.manifest:
@@ -318,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     c = batch.counts
     print(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
           f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} late) to {where}")
+    print(f"event time {_iso(params.start_ms)} + {batch.span_s / 3600:.1f} h; {session_stats.describe(sessions)}")
+    end_ms = params.start_ms + batch.span_s * 1000
+    if end_ms > (time() + cfg.silver.max_future.seconds) * 1000:   # the data itself never reads the clock
+        print(f"warning: event time runs to {_iso(int(end_ms))}, more than silver.max_future "
+              f"({cfg.silver.max_future}) ahead of now: silver will quarantine the later events as "
+              f"time_out_of_range; give --span to fit them in less time", file=sys.stderr)
     return 0
 
 

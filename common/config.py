@@ -156,6 +156,16 @@ def _pos_rate(v):
     return r
 
 
+def _at_least_one(v):
+    try:
+        r = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a number of at least 1, got {v!r}") from None
+    if not r >= 1:   # also refuses nan
+        raise ValueError(f"expected a number of at least 1, got {v!r}")
+    return r
+
+
 def _timestamp(v):
     try:
         ts = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
@@ -229,7 +239,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
              "max_files_per_table": _pos_int, "out": _str},
     "monitoring": {"progress_flush": parse_duration, "log_batches": _bool},
     "generator": {"devices": _pos_int, "unknown_devices": _int, "cameras_per_record_max": _pos_int,
-                  "span": parse_duration, "start": _timestamp, "files": _pos_int,
+                  "span": _opt_duration, "start": _timestamp, "files": _pos_int,
+                  "burst_events": _at_least_one, "burst_gap": parse_duration, "idle_gap": parse_duration,
+                  "day_night_factor": _pos_rate,
                   "duplicate_rate": _rate, "late_rate": _rate, "max_lateness": parse_duration,
                   "malformed_rate": _rate, "unknown_device_rate": _rate},
 }

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from bronze import generator as gen
+from bronze import activity, generator as gen
 from common.config import load_config
 
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -137,7 +137,7 @@ def test_valid_records_have_the_nest_shape(params):
             assert ISO_Z.match(ev["start_time"]) and ISO_Z.match(ev["end_time"])
             t0, t1 = (datetime.fromisoformat(ev[k].replace("Z", "+00:00")) for k in ("start_time", "end_time"))
             assert 5 <= (t1 - t0).total_seconds() <= 120
-            assert t0 < start + timedelta(seconds=params.span_s)
+            assert t0 < start + timedelta(seconds=batch.span_s)
             events += 1
             unknown += device_id.startswith("cam-x")
         first = datetime.fromisoformat(next(iter(cams.values()))["last_event"]["start_time"].replace("Z", "+00:00"))
@@ -145,7 +145,7 @@ def test_valid_records_have_the_nest_shape(params):
             assert latest - timedelta(seconds=params.max_lateness_s) <= first < latest
             late_seen += 1
         else:  # on-time records move forward
-            assert first > latest
+            assert first > latest and first >= start
             latest = first
     assert (events, unknown, late_seen) == (5000, batch.counts["unknown_device"], batch.counts["late"])
 
@@ -167,6 +167,8 @@ def test_bad_arguments_and_config_fail_with_status_2(cfg, monkeypatch, capsys):
         with pytest.raises(SystemExit) as e:
             gen.main(bad)
         assert e.value.code == 2
+    assert gen.main(["-n", "100", "--span", "50 ms"]) == 2
+    assert "100 events do not fit in a span of 50 ms" in capsys.readouterr().err
     monkeypatch.setenv("LAKEHOUSE__GENERATOR__DUPLICATE_RATE", "2")
     assert gen.main(["-n", "10"]) == 2
     assert "generator.duplicate_rate" in capsys.readouterr().err
@@ -199,3 +201,155 @@ def test_kafka_sink_sends_one_message_per_record(tmp_path, cfg, monkeypatch, kaf
     consumer.close()
     assert len(values) == m["records"]
     assert b"" in values and max(map(len, values)) >= 2 * 1024 * 1024
+
+
+# --- when cameras fire: bursts, idle gaps, day and night -------------------------------------
+
+SESSION_GAP_MS = 30 * 60_000
+
+
+def _ms(iso: str) -> int:
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _gaps_by_camera(batch) -> list[int]:
+    return [b - a for times in batch.event_times.values() for a, b in zip(sorted(times), sorted(times)[1:])]
+
+
+def test_gaps_within_a_camera_are_bimodal_short_in_bursts_long_when_idle(params):
+    gaps = _gaps_by_camera(gen.generate(5000, params, 3))
+    share = lambda lo, hi: sum(lo < g <= hi for g in gaps) / len(gaps)  # noqa: E731
+    short, middle, idle = share(-1, 3 * 60_000), share(5 * 60_000, SESSION_GAP_MS), share(SESSION_GAP_MS, 1e15)
+    # Most gaps are inside a burst (mean 45 s); idle gaps longer than gold's session gap, which
+    # end sessions, are common; between the two the density is low: two humps, not one.
+    assert short > 0.6, short
+    assert idle > 0.08 and sum(g > 3 * 3_600_000 for g in gaps) > 0, idle
+    assert middle / 25 < short / 3 / 10 and middle < short / 4, (short, middle, idle)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sessions_last_minutes_to_an_hour_or_two(params, cfg, seed):
+    batch = gen.generate(3000, params, seed)
+    s = batch.sessions(cfg.gold.session_gap.seconds)
+    assert s["gap_minutes"] == 30
+    # Cameras come back to life many times over the span (the old every-70-s feed: one session
+    # per camera, lasting the whole 6 hours).
+    assert s["count"] > 5 * (params.devices + params.unknown_devices), s
+    assert 2 <= s["minutes"]["p50"] <= 60, s
+    assert s["minutes"]["p90"] <= 90 and s["minutes"]["max"] <= 240, s
+    assert 2 <= s["events"]["p50"] <= 20 and s["events"]["max"] <= 100, s
+
+
+def test_session_rule_is_gold_s_gap_at_most_the_session_gap():
+    from bronze.session_stats import sessions, summary
+
+    minute = 60_000
+    times = [50 * minute, 0, 10 * minute, 80 * minute, 81 * minute + 1]   # unordered on purpose
+    # 10 -> 50 is 40 min apart: a new session; 50 -> 80 is exactly the gap: the same session.
+    assert sessions(times, 30 * minute) == [(10 * minute, 2), (31 * minute + 1, 3)]
+    s = summary({"a": times, "b": [5 * minute]}, 1800)
+    assert s["count"] == 3 and s["minutes"] == {"p50": 10.0, "p90": 31.0, "max": 31.0}
+    assert s["events"] == {"p50": 2, "max": 3}
+
+
+def _day_night_rates(batch, params) -> tuple[float, float]:
+    """Events per camera-hour in local daytime and at night, over whole days from the start."""
+    days = int(batch.span_s // 86400)
+    assert days >= 3, batch.span_s
+    end = params.start_ms + days * 86_400_000
+    ids = gen.known_ids(params.devices) + gen.unknown_ids(params.unknown_devices)
+    day = night = 0
+    for index, device in enumerate(ids):
+        for t in batch.event_times.get(device, ()):
+            if params.start_ms <= t < end:
+                if activity_is_day(t, gen.utc_offset(index)):
+                    day += 1
+                else:
+                    night += 1
+    hours_day = (activity.DAY_END_H - activity.DAY_START_H) * days * len(ids)
+    return day / hours_day, night / (24 * days * len(ids) - hours_day)
+
+
+def activity_is_day(t_ms: int, offset_h: int) -> bool:
+    # Written out here rather than imported, so the test does not trust the model's own clock.
+    local = datetime.fromtimestamp(t_ms / 1000, timezone.utc) + timedelta(hours=offset_h)
+    return 7 <= local.hour < 22
+
+
+def test_more_events_by_day_than_by_night_and_the_factor_sets_how_many(params):
+    few = replace(params, devices=5, unknown_devices=1, late_rate=0.0)
+    by_day, at_night = _day_night_rates(gen.generate(3000, few, 4), few)
+    # Idle gaps 4x longer at night: about 3.5x fewer events an hour once bursts are counted.
+    assert by_day > 2.5 * at_night, (by_day, at_night)
+    flat = replace(few, rhythm=replace(few.rhythm, day_night_factor=1.0))
+    by_day, at_night = _day_night_rates(gen.generate(3000, flat, 4), flat)
+    assert 0.75 < by_day / at_night < 1.33, (by_day, at_night)
+
+
+def test_an_explicit_span_squeezes_the_same_timeline_into_it(params):
+    natural = gen.generate(2000, replace(params, late_rate=0.0), 8)
+    hour = gen.generate(2000, replace(params, late_rate=0.0, span_s=3600.0), 8)
+    assert natural.span_s > 6 * 3600 and hour.span_s == 3600
+    for device, times in hour.event_times.items():
+        assert all(params.start_ms <= t < params.start_ms + 3_600_000 for t in times)
+        assert len(times) == len(natural.event_times[device])
+    # The order of events across cameras is kept, so the records are cut the same way.
+    assert [r.key for r in hour.records] == [r.key for r in natural.records]
+
+
+def test_written_files_hold_exactly_the_defects_and_sessions_the_manifest_counts(tmp_path, cfg, capsys):
+    rates = [f"--{k.replace('_', '-')}={v}" for k, v in RATES.items()]
+    m = run(tmp_path, "-n", "4000", "--seed", "6", "--files", "3", *rates)
+    printed = capsys.readouterr().out
+    assert f"sessions (gap 30 min): {m['sessions']['count']:,}," in printed
+    seen: set[bytes] = set()
+    found = dict.fromkeys(("valid", "duplicates", "late", "malformed", "unknown_device", "events"), 0)
+    times: dict[str, list[int]] = {}
+    latest = None
+    for line in lines_in(m["files"]):
+        try:
+            cams = json.loads(line)["devices"]["cameras"]
+            events = [(c["device_id"], _ms(c["last_event"]["start_time"])) for c in cams.values()]
+            assert all(isinstance(c["last_event"]["has_person"], bool) for c in cams.values())
+        except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+            found["malformed"] += 1
+            continue
+        if line in seen:           # a re-send: byte for byte an earlier line
+            found["duplicates"] += 1
+            continue
+        seen.add(line)
+        found["valid"] += 1
+        found["events"] += len(events)
+        found["unknown_device"] += sum(d.startswith("cam-x") for d, _ in events)
+        if latest is not None and events[0][1] < latest:
+            found["late"] += 1
+        else:
+            latest = events[0][1]
+        for d, t in events:
+            times.setdefault(d, []).append(t)
+    assert found == {k: m[k] for k in found}
+    assert all(found[k] > 0 for k in found), found
+    assert m["sessions"] == session_summary(times, cfg.gold.session_gap.seconds)
+    assert m["span_s"] * 1000 > max(t for ts in times.values() for t in ts) - _ms(m["start"])
+
+
+def session_summary(times, gap_s):
+    from bronze.session_stats import summary
+
+    return summary(times, gap_s)
+
+
+def test_rhythm_comes_from_conf_and_bad_values_name_the_key(tmp_path, cfg, monkeypatch, capsys):
+    default = run(tmp_path, "-n", "1000", "--seed", "2")
+    monkeypatch.setenv("LAKEHOUSE__GENERATOR__IDLE_GAP", "5 minutes")
+    busy = run(tmp_path, "-n", "1000", "--seed", "2")
+    # Idle gaps a ninth as long: the same events in far less time, and bursts run together.
+    assert busy["span_s"] < default["span_s"] / 4
+    assert busy["sessions"]["count"] < default["sessions"]["count"]
+    assert busy["sessions"]["events"]["p50"] > 2 * default["sessions"]["events"]["p50"]
+    for key, bad in (("BURST_EVENTS", "0.5"), ("DAY_NIGHT_FACTOR", "0"), ("BURST_GAP", "soon")):
+        monkeypatch.setenv(f"LAKEHOUSE__GENERATOR__{key}", bad)
+        capsys.readouterr()
+        assert gen.main(["-n", "10"]) == 2
+        assert f"generator.{key.lower()}" in capsys.readouterr().err
+        monkeypatch.delenv(f"LAKEHOUSE__GENERATOR__{key}")
