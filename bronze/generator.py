@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import logging
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -20,7 +21,10 @@ from time import gmtime, strftime
 from typing import NamedTuple
 
 from common.config import ConfigError, load_config, parse_duration
+from common.log import configure, fields
 from common.storage import Location, write_atomic
+
+log = logging.getLogger(__spec__.name)   # not "__main__" under python -m bronze.generator
 
 # very_long comes first so that any run with at least one malformed line has exactly one.
 MALFORMED_KINDS = ("very_long", "truncated", "bad_type_person", "bad_type_time",
@@ -266,10 +270,10 @@ def _checked(kind, ok, what):
     return _arg(convert, what)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     pos = _checked(int, lambda v: v > 0, "a positive integer")
     rate = _checked(float, lambda v: 0 <= v <= 1, "a rate between 0 and 1")
-    ap = argparse.ArgumentParser(prog="python -m bronze.generator", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("-n", "--events", type=pos, default=1000, help="camera events to generate (default 1000)")
     ap.add_argument("--seed", type=_checked(int, lambda v: v >= 0, "a non-negative integer"), default=7,
                     help="random seed; same seed and arguments give identical output (default 7)")
@@ -285,12 +289,13 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bronze.generator") -> int:
+    args = _parser(prog).parse_args(argv)
+    configure()
     try:
         cfg = load_config()
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        log.error(f"config: {e}")
         return 2
     overrides = {"devices": args.devices, "duplicate_rate": args.duplicate_rate, "late_rate": args.late_rate,
                  "malformed_rate": args.malformed_rate, "unknown_device_rate": args.unknown_device_rate,
@@ -306,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             files = write_files(batch.records, cfg.landing, args.seed, args.files or cfg.generator.files)
     except SinkError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(str(e))
         return 1
     manifest = {"records": len(batch.records), **batch.counts, "malformed_kinds": batch.malformed_kinds,
                 "seed": args.seed, "sink": args.sink, "files": [str(f) for f in files], "topic": topic,
@@ -316,8 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         args.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     where = f"topic {topic} at {cfg.kafka.bootstrap_servers}" if topic else f"{len(files)} files in {cfg.landing}"
     c = batch.counts
-    print(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
-          f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} late) to {where}")
+    log.info(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
+             f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} late) to {where}",
+             extra=fields(event="generated", records=len(batch.records), **batch.counts, sink=args.sink,
+                          files=len(files), topic=topic, landing=None if topic else str(cfg.landing)))
     return 0
 
 
