@@ -154,8 +154,8 @@ def _failures(report: dict) -> list[str]:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="audit", description=__doc__,
+def main(argv=None, prog: str = "audit") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", help="audit one table, e.g. gold.device_sessions (default: all)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

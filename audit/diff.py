@@ -224,9 +224,9 @@ def error_text(e: Exception) -> str:
     return str(e).split("\n")[0].split("JVM stacktrace")[0].strip()
 
 
-def main(argv=None, *, spark=None, cfg=None) -> int:
+def main(argv=None, *, spark=None, cfg=None, prog: str = "audit.diff") -> int:
     """Exit code: 0 done, 2 bad input. `spark`/`cfg` let tests reuse theirs (not stopped here)."""
-    parser = argparse.ArgumentParser(prog="audit.diff", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", metavar="TABLE", help="lakehouse table, e.g. gold.zip_hourly_sightings")
     parser.add_argument("from_version", metavar="FROM", help="Delta version to compare from")

@@ -131,10 +131,10 @@ def confirm(question: str, stdin) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def main(argv=None, *, spark=None, cfg=None, stdin=None) -> int:
+def main(argv=None, *, spark=None, cfg=None, stdin=None, prog: str = "audit.restore") -> int:
     """Exit code: 0 restored (or nothing to do), 1 not confirmed, 2 bad input.
     `spark`/`cfg`/`stdin` let tests reuse theirs (the session is then not stopped here)."""
-    parser = argparse.ArgumentParser(prog="audit.restore", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", metavar="TABLE", help="lakehouse table, e.g. gold.zip_hourly_sightings")
     parser.add_argument("version", metavar="VERSION", help="Delta version to restore")

@@ -81,8 +81,8 @@ def build(spark, cfg, versions: int) -> int:
     return step + 1
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.audit_versions", description=__doc__,
+def main(argv=None, prog: str = "bench.audit_versions") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--versions", type=int, default=50)
     args = parser.parse_args(argv)

@@ -36,6 +36,7 @@ from pathlib import Path
 from bench import summary
 from bench.contention import OtherCpu
 from bench.latency import file_latencies, summarize
+from common.log import message_of, parseable_env
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
@@ -58,7 +59,8 @@ def log(msg: str) -> None:
 
 
 def base_env(root: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
+    # Plain log lines at INFO or finer: run_logged matches them.
+    env = {k: v for k, v in parseable_env(os.environ).items()
            if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "TRIGGER", "TRIGGER_INTERVAL")}
     env.update({"LAKEHOUSE_ROOT": str(root), "SOURCE": "files", "TRIGGER": "available-now", **extra})
     return env
@@ -66,7 +68,7 @@ def base_env(root: Path, **extra) -> dict:
 
 def run_logged(cmd: list[str], env: dict, log_path: Path, marks=()) -> tuple[float, dict]:
     """Run cmd, its output to log_path; returns wall seconds and when each line starting with
-    one of `marks` appeared (seconds since start)."""
+    one of `marks` appeared after its timestamp (seconds since start)."""
     seen: dict[str, float] = {}
     started = time.monotonic()
     with open(log_path, "a", buffering=1) as out:   # line-buffered: the log can be followed live
@@ -75,7 +77,7 @@ def run_logged(cmd: list[str], env: dict, log_path: Path, marks=()) -> tuple[flo
         for line in proc.stdout:
             out.write(line)
             for m in marks:
-                if line.startswith(m) and m not in seen:
+                if message_of(line).startswith(m) and m not in seen:
                     seen[m] = time.monotonic() - started
         code = proc.wait()
     if code != 0:
@@ -336,8 +338,8 @@ def state(session, cfg, span: dict) -> dict:
 
 # --- driver --------------------------------------------------------------------------------
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+def parse_args(argv, prog: str = "python -m bench.run"):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f, g (default 1M)")
     p.add_argument("--seed", type=int, default=7)
@@ -364,10 +366,10 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m bench.run") -> int:
     from common.config import load_config
 
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     stamp = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     run_dir = OUT / f"run-{stamp}-{args.events}"
     run_dir.mkdir(parents=True)

@@ -103,11 +103,11 @@ def soak_overrides(soak, maintenance: bool) -> dict[str, str]:
     return env
 
 
-def settings(argv) -> tuple[argparse.Namespace, dict, object]:
+def settings(argv, prog: str = "python -m bench.soak") -> tuple[argparse.Namespace, dict, object]:
     """Options with conf defaults, the job environment and its config; UsageError when bad."""
     from common.config import ConfigError, load_config, parse_duration
 
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, help="how long to feed and sample (default: soak.minutes)")
     p.add_argument("--rate", type=int, help="events per second landed (default: soak.rate)")
@@ -498,6 +498,7 @@ def run(args, env: dict, cfg) -> int:
     from bench.feeder import Feeder, stream_params
     from bench.soak_charts import write_charts, write_page
     from bronze.generator import Params, write_locations
+    from common.log import LogToFile
     from common.spark import build_spark
     from common.streaming import interval
     from pipeline.cli import declare
@@ -541,12 +542,9 @@ def run(args, env: dict, cfg) -> int:
         spark = build_spark(cfg, f"{cfg.spark.app_name}:soak")
     tap = BatchTap()
     spark.streams.addListener(tap.listener)
-    pipeline_log = open(run_dir / "pipeline.log", "a", buffering=1)
-
-    def plog(*parts, file=None, flush=False, **_):
-        print(*parts, file=pipeline_log)
-
-    runner = Runner(cfg, specs, spark=spark, log=plog)
+    # The pipeline's log lines (batches, maintenance rounds) go to pipeline.log, the soak's own to stdout.
+    pipeline_log = LogToFile(run_dir / "pipeline.log")
+    runner = Runner(cfg, specs, spark=spark)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(code=runner.run()), name="soak-pipeline", daemon=True)
     interrupted = threading.Event()
@@ -681,9 +679,9 @@ def progress_line(k: int, n: int, s: dict) -> str:
             f"ckpt {fmt(s['checkpoints']['total']['checkpoint_bytes'], 'bytes')}  sampled in {sum(s['took_s'].values()):.1f} s")
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m bench.soak") -> int:
     try:
-        args, env, cfg = settings(argv)
+        args, env, cfg = settings(argv, prog)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

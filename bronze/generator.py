@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import logging
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -23,7 +24,10 @@ from typing import NamedTuple
 
 from bronze import activity, session_stats
 from common.config import ConfigError, load_config, parse_duration
+from common.log import configure, fields
 from common.storage import Location, write_atomic
+
+log = logging.getLogger(__spec__.name)   # not "__main__" under python -m bronze.generator
 
 # very_long comes first so that any run with at least one malformed line has exactly one.
 MALFORMED_KINDS = ("very_long", "truncated", "bad_type_person", "bad_type_time",
@@ -307,10 +311,10 @@ def _checked(kind, ok, what):
     return _arg(convert, what)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     pos = _checked(int, lambda v: v > 0, "a positive integer")
     rate = _checked(float, lambda v: 0 <= v <= 1, "a rate between 0 and 1")
-    ap = argparse.ArgumentParser(prog="python -m bronze.generator", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("-n", "--events", type=pos, default=1000, help="camera events to generate (default 1000)")
     ap.add_argument("--seed", type=_checked(int, lambda v: v >= 0, "a non-negative integer"), default=7,
                     help="random seed; same seed and arguments give identical output (default 7)")
@@ -328,12 +332,13 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bronze.generator") -> int:
+    args = _parser(prog).parse_args(argv)
+    configure()
     try:
         cfg = load_config()
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        log.error(f"config: {e}")
         return 2
     overrides = {"devices": args.devices, "duplicate_rate": args.duplicate_rate, "late_rate": args.late_rate,
                  "malformed_rate": args.malformed_rate, "unknown_device_rate": args.unknown_device_rate,
@@ -353,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             files = write_files(batch.records, cfg.landing, args.seed, args.files or cfg.generator.files)
     except SinkError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(str(e))
         return 1
     sessions = batch.sessions(cfg.gold.session_gap.seconds)
     manifest = {"records": len(batch.records), **batch.counts, "malformed_kinds": batch.malformed_kinds,
@@ -365,14 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         args.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     where = f"topic {topic} at {cfg.kafka.bootstrap_servers}" if topic else f"{len(files)} files in {cfg.landing}"
     c = batch.counts
-    print(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
-          f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} late) to {where}")
-    print(f"event time {_iso(params.start_ms)} + {batch.span_s / 3600:.1f} h; {session_stats.describe(sessions)}")
+    log.info(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
+             f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} late) to {where}",
+             extra=fields(event="generated", records=len(batch.records), **batch.counts, sink=args.sink,
+                          files=len(files), topic=topic, landing=None if topic else str(cfg.landing)))
+    log.info(f"event time {_iso(params.start_ms)} + {batch.span_s / 3600:.1f} h; {session_stats.describe(sessions)}",
+             extra=fields(event="sessions", span_s=batch.span_s, sessions=sessions))
     end_ms = params.start_ms + batch.span_s * 1000
     if end_ms > (time() + cfg.silver.max_future.seconds) * 1000:   # the data itself never reads the clock
-        print(f"warning: event time runs to {_iso(int(end_ms))}, more than silver.max_future "
-              f"({cfg.silver.max_future}) ahead of now: silver will quarantine the later events as "
-              f"time_out_of_range; give --span to fit them in less time", file=sys.stderr)
+        log.warning(f"event time runs to {_iso(int(end_ms))}, more than silver.max_future "
+                    f"({cfg.silver.max_future}) ahead of now: silver will quarantine the later events as "
+                    f"time_out_of_range; give --span to fit them in less time")
     return 0
 
 

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -15,6 +16,8 @@ from common.delta import ensure_table
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.streaming import JobError, trigger
 from pipeline.flow import Flow, Layer, Recovery
+
+log = logging.getLogger(__name__)
 
 BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length LONG, content BINARY"
 QUERY_NAME = {"files": "bronze_files", "kafka": "bronze_kafka"}
@@ -143,21 +146,21 @@ class KafkaRecovery(Recovery):
             raise error
         if _kafka_replay_metrics_npe(error) and not self.npe_restarted:
             self.npe_restarted = True
-            print("bronze: Kafka source failed reporting a replayed batch (SPARK-55271); "
-                  "restarting the query from its checkpoint", file=sys.stderr, flush=True)
+            log.warning("bronze: Kafka source failed reporting a replayed batch (SPARK-55271); "
+                        "restarting the query from its checkpoint")
         elif _broker_unreachable(error):
             if self.failing_since is None or executed_batches(query):
                 self.failing_since = time.monotonic()   # a new outage: the last run made progress
-            print(f"bronze: Kafka query failed, broker at {cfg.kafka.bootstrap_servers} unreachable "
-                  f"({str(error).splitlines()[0][:200]}); restarting the query from its checkpoint once "
-                  f"the broker answers (giving up after {src.max_outage})", file=sys.stderr, flush=True)
+            log.warning(f"bronze: Kafka query failed, broker at {cfg.kafka.bootstrap_servers} unreachable "
+                        f"({str(error).splitlines()[0][:200]}); restarting the query from its checkpoint once "
+                        f"the broker answers (giving up after {src.max_outage})")
             _wait_for_broker(cfg, run.stop, self.failing_since + src.max_outage.seconds, run.stop_all)
             if run.stop.is_set() or run.stop_all.is_set():
                 return None
         else:
             raise error
         query = start_query(spark, cfg, "kafka")
-        print("bronze: Kafka query restarted from its checkpoint", file=sys.stderr, flush=True)
+        log.info("bronze: Kafka query restarted from its checkpoint")
         return query
 
 
@@ -181,8 +184,8 @@ def _wait_for_broker(cfg, stop: threading.Event, give_up_at: float,
                            f"({src.max_outage}) with no batch completed; bronze stops. Its checkpoint "
                            "is intact: start it again once the broker is back")
         pause = min(backoff, left)
-        print(f"bronze: broker at {servers} still unreachable; next try in {pause:g} s "
-              f"(giving up in {left:.0f} s)", file=sys.stderr, flush=True)
+        log.warning(f"bronze: broker at {servers} still unreachable; next try in {pause:g} s "
+                    f"(giving up in {left:.0f} s)")
         stop.wait(pause)
         backoff = min(backoff * 2, src.reconnect_backoff_max.seconds)
 

@@ -34,11 +34,11 @@ def _positive(text: str) -> int:
     return v
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "chaos") -> int:
     from chaos.run import Settings
 
     d = Settings()
-    parser = argparse.ArgumentParser(prog="chaos", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=_positive, default=d.kills, help=f"kill -9 count (default {d.kills})")
     parser.add_argument("--seed", type=int, help="seed of the schedule and the data (default: random, printed)")

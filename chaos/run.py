@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
 
+from common.log import message_of, parseable_env
 from common.processes import descendants, kill_tree
 from common.storage import is_delta_table
 
@@ -100,7 +101,8 @@ def _moment(kill: Kill) -> str:
 
 
 def job_env(root, s: Settings, base: dict | None = None) -> dict:
-    env = dict(base if base is not None else os.environ)
+    # Plain log lines at INFO or finer: Job.poll reads them.
+    env = parseable_env(base if base is not None else os.environ)
     for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE"):
         env.pop(var, None)
     env.update(LAKEHOUSE_ROOT=str(root), TRIGGER="processing-time", TRIGGER_INTERVAL=s.interval,
@@ -122,9 +124,9 @@ class Job:
 
     def poll(self) -> None:
         """Note when the job printed that its query runs ("<layer>: <source> -> <sink>") and when
-        each of its batch lines ("<query>  batch <n>  ...") appeared."""
+        each of its batch lines ("<query>  batch <n>  ...") appeared, after their timestamps."""
         try:
-            lines = self.log.read_text(errors="replace").splitlines()
+            lines = [message_of(l) for l in self.log.read_text(errors="replace").splitlines()]
         except FileNotFoundError:
             return
         # "<layer>: <source> -> <sink>": the pipeline process prints one per layer it starts.
@@ -145,7 +147,8 @@ class Job:
     def last_line(self) -> str:
         try:
             # Spark's warnings say little about where the job was; its own lines do.
-            lines = [l for l in self.log.read_text(errors="replace").splitlines()
+            lines = [message_of(l) for l in self.log.read_text(errors="replace").splitlines()]
+            lines = [l for l in lines
                      if l.strip() and not l.startswith(("\t", " ")) and " WARN " not in l
                      and not l.startswith(("WARNING", "Picked up", "Using Spark", "Setting default",
                                            "To adjust"))]

@@ -14,6 +14,7 @@ machines that share a bucket need synchronised clocks (NTP).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -21,8 +22,13 @@ import time
 import uuid
 
 from common.config import Config
+from common.log import fields
 from common.storage import ObjectPath, location
 from common.streaming import JobError
+
+# Lease messages are logged as they happen, each line flushed (common.log): when a job is killed
+# with -9 right after, its log must still say whose lease it waited for.
+log = logging.getLogger(__name__)
 
 
 class CheckpointBusy(JobError):
@@ -38,7 +44,7 @@ class _FileLock:
     def __init__(self, path):
         self.path, self.file = path, None
 
-    def acquire(self, say) -> None:
+    def acquire(self) -> None:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,14 +90,15 @@ class _Lease:
             "owner": self.owner, "expires": time.time() + self.ttl,
             "renewed": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}))
 
-    def acquire(self, say) -> None:
+    def acquire(self) -> None:
         lease = self._read()
         if lease and lease.get("owner") != self.owner and float(lease.get("expires", 0)) > time.time():
             # Live or dead? A running holder renews within a third of the ttl; one killed with -9
             # never will. Watch it until it expires (at most one ttl) and refuse if it is renewed.
             expires = float(lease["expires"])
-            say(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}; waiting up to "
-                f"{expires - time.time():.0f} s to see whether it is renewed")
+            log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}; waiting up to "
+                     f"{expires - time.time():.0f} s to see whether it is renewed",
+                     extra=fields(event="lease_wait", lease=str(self.path), holder=lease["owner"]))
             while time.time() < expires + self.settle:
                 time.sleep(min(1.0, max(0.05, expires + self.settle - time.time())))
                 now = self._read()
@@ -128,8 +135,7 @@ class CheckpointLocks:
     """Exclusive hold on the queries' checkpoints while a job runs (flock locally, a lease on
     object storage). Raises CheckpointBusy, naming the holder, if any is taken."""
 
-    def __init__(self, cfg: Config, queries, say=None):
-        self.say = say or (lambda msg: print(msg, flush=True))
+    def __init__(self, cfg: Config, queries):
         o = cfg.object_store
         self.locks = []
         for q in queries:
@@ -146,7 +152,7 @@ class CheckpointLocks:
     def __enter__(self):
         try:
             for lock in self.locks:
-                lock.acquire(self.say)
+                lock.acquire()
         except BaseException:
             self.__exit__()
             raise
@@ -162,9 +168,9 @@ class CheckpointLocks:
                 try:
                     lease.renew()
                 except CheckpointBusy as e:
-                    self.say(f"error: {e}")
+                    log.error(str(e))
                 except Exception as e:  # the store may be briefly unreachable: try again next period
-                    self.say(f"warning: renewing {lease.path} failed ({e}); retrying in {period:.0f} s")
+                    log.warning(f"renewing {lease.path} failed ({e}); retrying in {period:.0f} s")
 
     def __exit__(self, *exc):
         self._stop.set()

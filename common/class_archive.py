@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -28,6 +29,9 @@ import time
 from pathlib import Path
 
 from common.config import REPO_ROOT
+from common.log import configure
+
+logger = logging.getLogger(__spec__.name)   # `log` is the build log's path below
 
 ARCHIVE_DIR = REPO_ROOT / ".cache" / "cds"
 TRAINING_EVENTS = 500         # which classes load does not depend on how many events
@@ -107,7 +111,7 @@ def build(force: bool = False) -> Path:
     partial = path.with_suffix(f".{os.getpid()}.partial")
     started = time.monotonic()
     log = ARCHIVE_DIR / "build.log"
-    print(f"class archive: a short pipeline run records the classes it loads (log: {log.relative_to(REPO_ROOT)})")
+    logger.info(f"class archive: a short pipeline run records the classes it loads (log: {log.relative_to(REPO_ROOT)})")
     # A child process, so the JVM that dumps is not this process's; its output goes to the log.
     with open(log, "w") as out:
         done = subprocess.run([sys.executable, "-c", "import sys; from common.class_archive import _train; "
@@ -122,13 +126,13 @@ def build(force: bool = False) -> Path:
     for old in ARCHIVE_DIR.glob("driver-*"):
         if old != path:
             old.unlink(missing_ok=True)
-    print(f"class archive: {path.relative_to(REPO_ROOT)} "
-          f"({path.stat().st_size >> 20} MB, {time.monotonic() - started:.0f} s)")
+    logger.info(f"class archive: {path.relative_to(REPO_ROOT)} "
+                f"({path.stat().st_size >> 20} MB, {time.monotonic() - started:.0f} s)")
     return path
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="common.class_archive", description=__doc__,
+def main(argv=None, prog: str = "common.class_archive") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--force", action="store_true", help="rebuild even if an archive for this JVM exists")
     p.add_argument("--path", action="store_true", help="print where the archive is (or would be) and exit")
@@ -136,10 +140,11 @@ def main(argv=None) -> int:
     if args.path:
         print(archive_path())
         return 0
+    configure()
     try:
         build(args.force)
     except ArchiveError as e:      # an optimisation: setup goes on without it
-        print(e, file=sys.stderr)
+        print(e, file=sys.stderr)      # the build log's tail, then the warning: not one log line
     return 0
 
 

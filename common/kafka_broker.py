@@ -174,9 +174,9 @@ def broker_from_config(cfg) -> Broker:
                   controller_port=cfg.kafka.controller_port, heap=cfg.kafka.broker_heap)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "kafka_broker") -> int:
     parser = argparse.ArgumentParser(
-        prog="kafka_broker", description="Run the local single-node KRaft Kafka broker (127.0.0.1).")
+        prog=prog, description="Run the local single-node KRaft Kafka broker (127.0.0.1).")
     parser.add_argument("action", choices=["up", "down", "status"])
     args = parser.parse_args(argv)
     try:

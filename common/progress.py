@@ -1,4 +1,5 @@
-"""ops.query_progress: every progress event of every streaming query, and a log line per batch.
+"""ops.query_progress: every progress event of every streaming query, and a log line per batch
+(logger common.progress, INFO; its structured fields in --log-json mode).
 
 A StreamingQueryListener sees each progress report on Spark's listener bus, which runs apart
 from the query threads. The listener only formats the row and the log line and puts the row on
@@ -8,6 +9,7 @@ Delta commit never sits between two micro-batches.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 from datetime import datetime, timezone
@@ -16,7 +18,10 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from common.config import Config
 from common.delta import ensure_table, local_frame
+from common.log import fields
 from common.schemas import QUERY_PROGRESS
+
+log = logging.getLogger(__name__)
 
 
 def _ts(text: str | None):
@@ -83,8 +88,8 @@ def log_line(row: dict) -> str:
 class ProgressRecorder(StreamingQueryListener):
     """Register with spark.streams.addListener; call close() before the session stops."""
 
-    def __init__(self, spark, cfg: Config, log=print):
-        self.spark, self.log = spark, log
+    def __init__(self, spark, cfg: Config):
+        self.spark = spark
         self.path = ensure_table(spark, cfg, "ops", "query_progress", QUERY_PROGRESS)
         self.flush_seconds = cfg.monitoring.progress_flush.seconds
         self.log_batches = cfg.monitoring.log_batches
@@ -101,8 +106,12 @@ class ProgressRecorder(StreamingQueryListener):
     def onQueryProgress(self, event) -> None:
         row = progress_row(json.loads(event.progress.json))
         self._rows.put(row)
-        if self.log_batches and self.log is not None:
-            self.log(log_line(row), flush=True)
+        if self.log_batches:
+            log.info(log_line(row), extra=fields(
+                event="batch", query=row["query_name"], query_id=row["query_id"], batch_id=row["batch_id"],
+                rows=row["input_rows"], rows_per_second=round(row["processed_rows_per_second"], 1),
+                seconds=(row["batch_duration_ms"] or 0) / 1000, watermark=row["watermark"],
+                source_lag=row["source_lag"]))
 
     def onQueryIdle(self, event) -> None:
         pass

@@ -158,8 +158,8 @@ def build_report(spark, cfg, out: Path) -> list[Path]:
     return charts + [out / "index.html"]
 
 
-def main(argv=None, *, spark=None, cfg=None) -> int:
-    parser = argparse.ArgumentParser(prog="common.report", description=__doc__,
+def main(argv=None, *, spark=None, cfg=None, prog: str = "common.report") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="output folder (default: paths.reports)")
     args = parser.parse_args(argv)

@@ -167,9 +167,9 @@ def server_from_config(cfg) -> S3Server:
     return S3Server(data_dir=data_dir, port=s.port, bucket=s.bucket, heap=s.heap)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "s3_server") -> int:
     parser = argparse.ArgumentParser(
-        prog="s3_server", description="Run the local S3-compatible server (S3Proxy, 127.0.0.1).")
+        prog=prog, description="Run the local S3-compatible server (S3Proxy, 127.0.0.1).")
     parser.add_argument("action", choices=["up", "down", "status", "env"],
                         help="env: print the exports that point jobs at the server")
     parser.add_argument("--prefix", default="nest",

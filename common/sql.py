@@ -125,8 +125,8 @@ def _statements(path: Path) -> list[str]:
     return [s.strip() for s in text.split(";") if s.strip()]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="sql", description=__doc__,
+def main(argv=None, prog: str = "sql") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("query", nargs="?", help="SQL to run; omit for an interactive shell")
     parser.add_argument("-f", "--file", help="run the ';'-separated statements of a file, printing each")

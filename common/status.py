@@ -138,8 +138,8 @@ def render(rows: list[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
 
 
-def main(argv=None, *, spark=None, cfg=None) -> int:
-    parser = argparse.ArgumentParser(prog="common.status", description=__doc__,
+def main(argv=None, *, spark=None, cfg=None, prog: str = "common.status") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

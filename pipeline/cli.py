@@ -2,6 +2,7 @@
 
     python -m pipeline [--layer all|bronze|silver|gold] [--trigger ...] [--interval ...]
                        [--source files|kafka] [--only sightings,activity,...]
+    lakehouse run all|bronze|silver|gold [--trigger ...] ...
 
 make run-all runs `--layer all`; make run-bronze|run-silver|run-gold run one layer (for teams
 that deploy layers apart): the same runner, the same semantics and checkpoint locks.
@@ -12,15 +13,17 @@ a checkpoint held by another process).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 
 from pipeline.flow import ORDER
 
 LAYER_CHOICES = ("all", *ORDER)
+log = logging.getLogger(__name__)
 
 
 def parser(prog: str = "pipeline", layer: str | None = None) -> argparse.ArgumentParser:
+    """layer None: --layer picks it; else fixed (`lakehouse run all`, `python -m silver.job`)."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if layer is None:
@@ -30,10 +33,10 @@ def parser(prog: str = "pipeline", layer: str | None = None) -> argparse.Argumen
                    help="available-now (default: conf streaming.trigger / env TRIGGER) processes what "
                         "is there and stops; processing-time runs until SIGINT/SIGTERM")
     p.add_argument("--interval", help="processing-time interval for every layer, e.g. '10 seconds'")
-    if layer in (None, "bronze"):
+    if layer in (None, "all", "bronze"):
         p.add_argument("--source", choices=["files", "kafka"],
                        help="bronze's source (default: conf bronze.source / env SOURCE)")
-    if layer in (None, "gold"):
+    if layer in (None, "all", "gold"):
         p.add_argument("--only", help="comma-separated subset of the profile's gold tables, by key "
                                       "(nest: sightings, activity, sessions; default: all)")
     return p
@@ -60,12 +63,14 @@ def declare(cfg, layers, only=None):
     return [builders[name](cfg) for name in ORDER if name in layers]
 
 
-def main(argv=None, layer: str | None = None, spark=None, env=None) -> int:
+def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | None = None) -> int:
     from common.config import ConfigError, load_config
+    from common.log import configure
     from common.quality import SuiteError
     from pipeline.runner import Runner
 
-    args = parser(f"{layer}.job" if layer else "pipeline", layer).parse_args(argv)
+    args = parser(prog or (f"{layer}.job" if layer else "pipeline"), layer).parse_args(argv)
+    configure()
     chosen = layer or args.layer
     layers = ORDER if chosen == "all" else (chosen,)
     only = set(args.only.split(",")) if getattr(args, "only", None) else None
@@ -73,7 +78,7 @@ def main(argv=None, layer: str | None = None, spark=None, env=None) -> int:
         cfg = load_config(env=environment(args, os.environ if env is None else env))
         specs = declare(cfg, layers, only)
     except (ConfigError, SuiteError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error(str(e))
         return 2
     runner = Runner(cfg, specs, spark=spark)
     if spark is None:

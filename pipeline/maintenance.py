@@ -146,10 +146,10 @@ def summary(results: list[Maintained], seconds: float) -> str:
             + (f"; busy, skipped: {', '.join(busy)}" if busy else ""))
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "make maintain") -> int:
     from common.config import ConfigError, load_config
 
-    p = argparse.ArgumentParser(prog="make maintain", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", action="append", help="layer.table to maintain (repeatable; default: all)")
     p.add_argument("--no-vacuum", action="store_true", help="compact only")

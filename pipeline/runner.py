@@ -14,13 +14,16 @@ Failure policy, per flow:
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
-import sys
 import threading
 import time
 
+from common.log import fields
 from pipeline.flow import ORDER, Flow, Layer
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 
@@ -74,8 +77,8 @@ class Maintainer:
     The ops tables are shared by every layer: only a run of the whole pipeline maintains them,
     so layers deployed apart never compact the same table at once."""
 
-    def __init__(self, spark, cfg, layers: list[str], log):
-        self.spark, self.cfg, self.log = spark, cfg, log
+    def __init__(self, spark, cfg, layers: list[str]):
+        self.spark, self.cfg = spark, cfg
         self.layers = set(layers) | ({"ops"} if set(ORDER) <= set(layers) else set())
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="maintenance", daemon=True)
@@ -97,10 +100,12 @@ class Maintainer:
                 results = maintain(self.spark, self.cfg, tables_of(self.cfg, self.layers),
                                    vacuum="lite" if vacuum else None)
                 vacuumed = started if vacuum else vacuumed
-                self.log(summary(results, time.monotonic() - started), flush=True)
+                took = time.monotonic() - started
+                log.info(summary(results, took), extra=fields(
+                    event="maintenance", tables=len(results), seconds=round(took, 2),
+                    compacted=sum(r.compacted for r in results), vacuum=bool(vacuum)))
             except Exception as e:   # noqa: BLE001 - the queries go on; the next round tries again
-                self.log(f"warning: maintenance failed, next try in {interval}: {failure_message(e)}",
-                         file=sys.stderr, flush=True)
+                log.warning(f"maintenance failed, next try in {interval}: {failure_message(e)}")
 
 
 def downstream(layers: list[Layer], name: str) -> set[str]:
@@ -113,8 +118,8 @@ def downstream(layers: list[Layer], name: str) -> set[str]:
 
 
 class Runner:
-    def __init__(self, cfg, layers: list[Layer], spark=None, log=print):
-        self.cfg, self.layers, self.log = cfg, layers, log
+    def __init__(self, cfg, layers: list[Layer], spark=None):
+        self.cfg, self.layers = cfg, layers
         self.spark, self._own_spark = spark, spark is None
         self.stop_all = threading.Event()
         self.failures: list[tuple[str, int]] = []      # (message, exit code)
@@ -126,7 +131,7 @@ class Runner:
         if self.stop_all.is_set():     # a second signal: stop now, the checkpoints keep us safe
             raise KeyboardInterrupt
         name = signal.Signals(signum).name if signum else "stop"
-        self.log(f"pipeline: {name}: stopping every query after its current micro-batch", flush=True)
+        log.info(f"pipeline: {name}: stopping every query after its current micro-batch")
         self.stop_all.set()
 
     def install_signals(self) -> None:
@@ -142,13 +147,12 @@ class Runner:
 
         try:
             selected = {layer.name for layer in self.layers}
-            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries],
-                                 say=lambda m: self.log(m, flush=True)):
+            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]):
                 for layer in self.layers:
                     layer.preflight(selected)
                 return self._run_locked()
         except JobError as e:
-            self.log(f"error: {e}", file=sys.stderr, flush=True)
+            log.error(str(e))
             return 2
 
     def _run_locked(self) -> int:
@@ -158,7 +162,7 @@ class Runner:
         if self.spark is None:
             names = "+".join(layer.name for layer in self.layers)
             self.spark = build_spark(self.cfg, f"{self.cfg.spark.app_name}:{names}")
-        recorder = ProgressRecorder(self.spark, self.cfg, log=self.log)
+        recorder = ProgressRecorder(self.spark, self.cfg)
         self.spark.streams.addListener(recorder)
         try:
             if self.cfg.streaming.trigger == "available-now":
@@ -173,7 +177,7 @@ class Runner:
                 if self._own_spark:
                     self.spark.stop()
         for line, _ in self.failures:
-            self.log(f"error: {line}", file=sys.stderr, flush=True)
+            log.error(line)
         return max((code for _, code in self.failures), default=0)
 
     def _start(self, layers: list[Layer], done: queue.Queue) -> list[FlowRun]:
@@ -183,7 +187,8 @@ class Runner:
                 run = FlowRun(self.spark, flow, done, self.stop_all)
                 run.thread.start()
                 runs.append(run)
-            self.log(f"{layer.name}: {layer.describe} ({self.cfg.streaming.trigger})", flush=True)
+            log.info(f"{layer.name}: {layer.describe} ({self.cfg.streaming.trigger})",
+                     extra=fields(event="layer_started", layer=layer.name, trigger=self.cfg.streaming.trigger))
         return runs
 
     def _available_now(self) -> None:
@@ -198,8 +203,9 @@ class Runner:
             if self.failures:
                 return
             rows = sum(p.numInputRows for run in runs for p in (run.query.recentProgress if run.query else []))
-            self.log(f"{layer.name}: done in {time.monotonic() - started:.1f} s, {rows:,} rows read",
-                     flush=True)
+            took = time.monotonic() - started
+            log.info(f"{layer.name}: done in {took:.1f} s, {rows:,} rows read",
+                     extra=fields(event="layer_done", layer=layer.name, seconds=round(took, 2), rows=rows))
 
     def _continuous(self) -> None:
         for layer in self.layers:         # in order: each layer's upstream table exists first
@@ -208,7 +214,7 @@ class Runner:
         runs = self._start(self.layers, done)
         maintainer = None
         if self.cfg.maintenance.enabled:
-            maintainer = Maintainer(self.spark, self.cfg, [layer.name for layer in self.layers], self.log)
+            maintainer = Maintainer(self.spark, self.cfg, [layer.name for layer in self.layers])
             maintainer.thread.start()
         try:
             self._supervise(runs, done)
@@ -217,7 +223,7 @@ class Runner:
                 maintainer.stop.set()
                 maintainer.thread.join()
         if not self.failures:
-            self.log("pipeline: every query stopped cleanly", flush=True)
+            log.info("pipeline: every query stopped cleanly")
 
     def _supervise(self, runs: list[FlowRun], done: queue.Queue) -> None:
         """Wait for every flow's thread; apply the failure policy as flows end."""

@@ -6,13 +6,18 @@ joins against, loaded from a CSV under paths.reference.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from common.config import ConfigError, load_config
 from common.delta import ensure_table
 from common.lineage import PIPELINE, to_user_metadata
+from common.log import configure, fields
 from common.storage import is_delta_table, location
 from common.streaming import JobError, fail
+
+log = logging.getLogger(__spec__.name)   # not "__main__" under python -m silver.locations
+
 
 def schema(cfg) -> str:
     dim = cfg.profile.dimension
@@ -53,12 +58,13 @@ def ensure_seeded(spark, cfg) -> str:
     return table
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="silver.locations", description=__doc__,
+def main(argv=None, prog: str = "silver.locations") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", help="CSV with device_id,zip_code,city,state "
                                       "(default: $REFERENCE_DIR/device_locations.csv)")
     args = parser.parse_args(argv)
+    configure()
     try:
         cfg = load_config()
     except ConfigError as e:
@@ -72,7 +78,8 @@ def main(argv=None) -> int:
         return fail(str(e))
     finally:
         spark.stop()
-    print(f"silver.{cfg.profile.dimension.table}: {n} rows")
+    log.info(f"silver.{cfg.profile.dimension.table}: {n} rows",
+             extra=fields(event="seeded", table=f"silver.{cfg.profile.dimension.table}", rows=n))
     return 0
 
 

@@ -2,6 +2,7 @@
 and a real single-node Kafka broker on free ports for tests marked `kafka`."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -33,13 +34,25 @@ def spark(session_root):
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
     """Environment for a test's own lakehouse under tmp_path (also for subprocess jobs)."""
-    e = dict(os.environ)
+    from common.log import parseable_env
+
+    e = parseable_env(os.environ)      # tests read job output as plain lines
     e.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), KAFKA_DATA_DIR=str(tmp_path / "kafka"),
              # Job processes in tests live for minutes, whatever their trigger: C1 warms up fastest.
              LAKEHOUSE__SPARK__JIT="c1")
     for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER"):
         e.pop(var, None)
     return e
+
+
+@pytest.fixture
+def logged(caplog):
+    """What the project's code logs at INFO and above, whatever LOG_LEVEL says (caplog.messages)."""
+    from common.log import PACKAGES
+
+    for name in PACKAGES:
+        caplog.set_level(logging.INFO, logger=name)
+    return caplog
 
 
 @pytest.fixture

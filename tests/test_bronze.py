@@ -23,6 +23,7 @@ import pytest
 from bronze import generator as gen
 from bronze.job import start
 from common.config import load_config
+from common.log import message_of
 
 REPO = Path(__file__).resolve().parent.parent
 # The project's shared/ folder sits beside the repository (as in CI); SHARED_DATASETS overrides.
@@ -114,7 +115,7 @@ def run_job(env: dict, *args: str, timeout: float = 300) -> subprocess.Completed
 
 def error_line(proc: subprocess.CompletedProcess) -> str:
     """The job's own message; stderr also carries Spark's log output."""
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    lines = [message_of(line) for line in proc.stderr.splitlines() if message_of(line).startswith("error:")]
     assert lines, f"no 'error:' line in stderr:\n{proc.stderr[-3000:]}"
     return lines[-1]
 

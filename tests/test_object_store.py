@@ -110,14 +110,14 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
     assert page.is_file() and "Lakehouse report: s3a://" in page.read_text()
 
 
-def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env):
+def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged):
     from common.checkpoint_lock import CheckpointBusy, CheckpointLocks
     from common.config import load_config
     from common.storage import location
 
     cfg = load_config(env=s3_env)
     lease = location(cfg.checkpoint("silver")).with_name("silver.lease")
-    with CheckpointLocks(cfg, ["silver"], say=lambda m: None):
+    with CheckpointLocks(cfg, ["silver"]):
         assert json.loads(lease.read_text())["owner"].startswith(f"pid {os.getpid()} ")
         started = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "pipeline", "--layer", "silver"], cwd=REPO, env=s3_env,
@@ -145,13 +145,12 @@ def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env):
         holder.kill()
         holder.wait()
     assert lease.exists()
-    messages = []
     started = time.monotonic()
-    with CheckpointLocks(cfg, ["silver"], say=messages.append):
+    with CheckpointLocks(cfg, ["silver"]):
         waited = time.monotonic() - started
         assert json.loads(lease.read_text())["owner"].startswith(f"pid {os.getpid()} ")
-    assert any("waiting up to" in m for m in messages), messages
+    assert any("waiting up to" in m for m in logged.messages), logged.messages
     assert waited <= cfg.object_store.lease_ttl.seconds + 5
     with pytest.raises(CheckpointBusy):   # the lease is ours while held: a rival is refused
-        with CheckpointLocks(cfg, ["silver"], say=lambda m: None):
-            CheckpointLocks(cfg, ["silver"], say=lambda m: None).__enter__()
+        with CheckpointLocks(cfg, ["silver"]):
+            CheckpointLocks(cfg, ["silver"]).__enter__()

@@ -19,17 +19,6 @@ from pipeline.runner import Runner, downstream
 REPO = Path(__file__).resolve().parent.parent
 
 
-class Log:
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def __call__(self, *parts, file=None, flush=False):
-        self.lines.append(" ".join(str(p) for p in parts))
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-
 def rate_flow(cfg, name: str, layer: str, body=None) -> Flow:
     """A real streaming query: a rate source into a noop sink, or into `body` per batch."""
     def start(spark):
@@ -76,60 +65,57 @@ def test_downstream_follows_the_chain_of_reads(continuous):
     assert downstream(layers, "gold") == {"gold"}
 
 
-def test_a_fail_expectation_stops_its_layer_and_what_reads_it_upstream_runs_on(spark, continuous):
+def test_a_fail_expectation_stops_its_layer_and_what_reads_it_upstream_runs_on(spark, continuous, logged):
     rule = Rule("ids_present", "expect_column_values_to_not_be_null", {"column": "id"}, "fail")
 
     def gate(df, batch_id):
         if batch_id >= 1:
             raise_on_failures([Outcome(rule, False, 10, 3, None)], "t_silver", batch_id, "silver.t")
 
-    log = Log()
-    runner = Runner(continuous, layers_with(continuous, silver_body=gate), spark=spark, log=log)
+    runner = Runner(continuous, layers_with(continuous, silver_body=gate), spark=spark)
     thread, result = run_in_thread(runner)
     try:
         wait(lambda: active(spark, "t_gold_a") or "result" in result, 120, "the flows to start")
         wait(lambda: not active(spark, "t_silver") and not active(spark, "t_gold_a")
              and not active(spark, "t_gold_b"), 120, "silver and gold to stop")
         time.sleep(2)
-        assert active(spark, "t_bronze"), log.text()        # upstream keeps ingesting
+        assert active(spark, "t_bronze"), logged.text        # upstream keeps ingesting
         assert thread.is_alive()
     finally:
         runner.stop_all.set()
         thread.join(120)
     assert result["code"] == 1
-    text = log.text()
+    text = logged.text
     assert "quality gate failed: query 't_silver', batch 1" in text
     assert "expectation 'ids_present' failed in batch 1 (policy fail)" in text
     assert "stopped: silver, gold" in text
     assert not spark.streams.active
 
 
-def test_any_other_failure_stops_every_query_and_names_the_one_that_failed(spark, continuous):
+def test_any_other_failure_stops_every_query_and_names_the_one_that_failed(spark, continuous, logged):
     def broken(df, batch_id):
         if batch_id >= 1:
             raise RuntimeError("disk on fire")
 
-    log = Log()
-    runner = Runner(continuous, layers_with(continuous, silver_body=broken), spark=spark, log=log)
+    runner = Runner(continuous, layers_with(continuous, silver_body=broken), spark=spark)
     thread, result = run_in_thread(runner)
     thread.join(240)
-    assert not thread.is_alive() and result["code"] == 1, log.text()
-    text = log.text()
+    assert not thread.is_alive() and result["code"] == 1, logged.text
+    text = logged.text
     assert "query t_silver failed:" in text and "disk on fire" in text
     assert "every query stopped cleanly" not in text
     assert not spark.streams.active
 
 
-def test_a_stop_request_stops_every_query_between_batches(spark, continuous):
-    log = Log()
-    runner = Runner(continuous, layers_with(continuous), spark=spark, log=log)
+def test_a_stop_request_stops_every_query_between_batches(spark, continuous, logged):
+    runner = Runner(continuous, layers_with(continuous), spark=spark)
     thread, result = run_in_thread(runner)
     wait(lambda: all(active(spark, q) for q in ("t_bronze", "t_silver", "t_gold_a", "t_gold_b")),
          120, "every flow to start")
     runner.stop_all.set()
     thread.join(120)
-    assert result["code"] == 0, log.text()
-    assert "pipeline: every query stopped cleanly" in log.lines
+    assert result["code"] == 0, logged.text
+    assert "pipeline: every query stopped cleanly" in logged.messages
     assert not spark.streams.active
 
 

@@ -1,6 +1,7 @@
 """Progress capture (ops.query_progress via a StreamingQueryListener) and `make status`."""
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -30,13 +31,40 @@ def run_query(spark, cfg, path, name, body=lambda df, batch_id: df.count()):
     return query
 
 
+class Lines(logging.Handler):
+    """The batch lines the recorder logs (logger common.progress), and their records."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.records.append(record)
+        self.lines.append(record.getMessage())
+
+    def __len__(self):
+        return len(self.lines)
+
+    def __iter__(self):
+        return iter(self.lines)
+
+    def __getitem__(self, i):
+        return self.lines[i]
+
+
 @pytest.fixture
 def recorded(spark, cfg):
-    lines = []
-    recorder = ProgressRecorder(spark, cfg, log=lambda text, flush=False: lines.append(text))
+    logger, captured = logging.getLogger("common.progress"), Lines()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(captured)
+    recorder = ProgressRecorder(spark, cfg)
     spark.streams.addListener(recorder)
-    yield recorder, lines
+    yield recorder, captured
     spark.streams.removeListener(recorder)
+    logger.removeHandler(captured)
+    logger.setLevel(level)
 
 
 def progress(spark, cfg):
@@ -57,8 +85,13 @@ def test_every_batch_is_recorded_with_its_rates_and_a_log_line(spark, cfg, recor
     assert all(r.processed_rows_per_second > 0 for r in rows if r.input_rows)
     ended = progress(spark, cfg).where("event = 'terminated'").collect()
     assert [(r.run_id, r.error) for r in ended] == [(str(query.runId), None)]
-    assert len(lines) == 3 and all(LINE.match(line) for line in lines), lines
+    assert len(lines) == 3 and all(LINE.match(line) for line in lines), lines.lines
     assert lines[0].startswith("silver    batch 0  10 rows")
+    # --log-json carries a batch's figures as fields of its record
+    fields = [r.fields for r in lines.records]
+    assert [(f["query"], f["batch_id"], f["rows"]) for f in fields] == [("silver", 0, 10), ("silver", 1, 10),
+                                                                        ("silver", 2, 10)]
+    assert all(f["event"] == "batch" and f["seconds"] >= 0 for f in fields)
 
 
 def test_a_failed_query_records_its_error_and_status_shows_it(spark, cfg, recorded, capsys):

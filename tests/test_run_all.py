@@ -23,8 +23,10 @@ class Run:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+        from common.log import message_of
+
+        for line in self.proc.stdout:              # each line as printed, without its timestamp
+            self.lines.append(message_of(line.rstrip("\n")))
 
     def text(self) -> str:
         return "\n".join(self.lines)

@@ -1,0 +1,1 @@
+"""The `lakehouse` console command (console.commands), one entry point for every tool."""
