@@ -134,8 +134,9 @@ def test_generate_through_the_console_writes_the_landing_files_with_timestamped_
     assert sum(len(Path(f).read_bytes().splitlines()) for f in m["files"]) == m["records"]
     assert m["events"] == 200
     lines = proc.stdout.splitlines()
-    assert len(lines) == 1 and STAMPED.match(lines[0]), proc.stdout
+    assert len(lines) == 2 and all(STAMPED.match(line) for line in lines), proc.stdout
     assert log.message_of(lines[0]).startswith(f"wrote {m['records']} records ({m['valid']} valid with 200 events")
+    assert log.message_of(lines[1]).startswith("event time ") and f": {m['sessions']['count']}," in lines[1]
 
 
 def test_json_mode_gives_one_object_per_line_with_the_records_fields(env, tmp_path):
@@ -143,11 +144,12 @@ def test_json_mode_gives_one_object_per_line_with_the_records_fields(env, tmp_pa
         proc = console({**env, **extra}, *args, "-n", "200", "--seed", "3")
         assert proc.returncode == 0, proc.stderr
         docs = [json.loads(line) for line in proc.stdout.splitlines()]
-        assert len(docs) == 1, proc.stdout
+        assert [d["event"] for d in docs] == ["generated", "sessions"], proc.stdout
         doc = docs[0]
         assert doc["level"] == "INFO" and doc["logger"] == "bronze.generator"
         assert STAMPED.match(doc["time"] + " x") and doc["message"].startswith("wrote ")
-        assert doc["event"] == "generated" and doc["events"] == 200 and doc["records"] > 0
+        assert doc["events"] == 200 and doc["records"] > 0
+        assert docs[1]["sessions"]["count"] > 0 and docs[1]["sessions"]["minutes"]["max"] > 0
 
     # The same through the tool itself, not launched by lakehouse: errors are JSON on stderr.
     proc = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "10"], cwd=REPO, text=True,
