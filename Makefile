@@ -31,11 +31,12 @@ setup: $(PY_STAMP) $(JAR_STAMP) ## Create .venv, install pinned Python deps, fet
 	@$(PY) -m common.class_archive
 
 # Re-install only when the pins or the lock change; a second `make setup` is a no-op.
-# PIP_CONSTRAINT (not -c) also reaches pip's isolated build of the project (setuptools).
+# PIP_CONSTRAINT (not -c) also reaches pip's isolated build of the project (setuptools);
+# PYTHONWARNINGS keeps setuptools' editable-install warning block out of the first run's output.
 $(PY_STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check -e .
+	PYTHONWARNINGS=ignore PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $@
 
 lock: ## Re-resolve pyproject.toml's pins into requirements.lock in a scratch venv (then commit it)
