@@ -35,7 +35,7 @@ setup: $(PY_STAMP) $(JAR_STAMP) ## Create .venv, install pinned Python deps, fet
 # PYTHONWARNINGS keeps setuptools' editable-install warning block out of the first run's output.
 $(PY_STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
-	PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools
 	PYTHONWARNINGS=ignore PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $@
 
