@@ -86,6 +86,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+def ours_or_warning(record: logging.LogRecord) -> bool:
+    """Our own records at the configured level; another library's only from WARNING up, even
+    when it sets its own logger to INFO (GX announces every temporary docs folder it makes)."""
+    return record.levelno >= logging.WARNING or record.name.split(".", 1)[0] in PACKAGES
+
+
 class ConsoleHandler(logging.Handler):
     """INFO and below to the current sys.stdout, WARNING up to sys.stderr; flushed per line."""
 
@@ -127,6 +133,7 @@ def configure(level: str | None = None, json_lines: bool | None = None, force: b
     if _handler is not None:
         root.removeHandler(_handler)
     _handler = ConsoleHandler()
+    _handler.addFilter(ours_or_warning)
     _handler.setFormatter(JsonFormatter() if json_lines else PlainFormatter())
     root.addHandler(_handler)
     root.setLevel(max(logging.WARNING, logging.getLevelName(level)))
@@ -142,6 +149,7 @@ class LogToFile:
         configure()
         self.console = _handler
         self.file = logging.FileHandler(path, mode="a", encoding="utf-8")   # flushes every record
+        self.file.addFilter(ours_or_warning)
         self.file.setFormatter(self.console.formatter)
         root = logging.getLogger()
         root.removeHandler(self.console)

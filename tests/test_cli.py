@@ -183,3 +183,14 @@ def test_plain_lines_are_the_old_lines_behind_a_timestamp():
 def test_parseable_env_asks_children_for_plain_info_lines():
     assert log.parseable_env({"LOG_JSON": "1", "LOG_LEVEL": "ERROR"}) == {"LOG_JSON": "0", "LOG_LEVEL": "INFO"}
     assert log.parseable_env({"LOG_LEVEL": "debug"})["LOG_LEVEL"] == "debug"
+
+
+def test_another_librarys_info_lines_stay_out_even_when_it_sets_its_own_level(env):
+    code = ("import logging; from common.log import configure; configure(); "
+            "gx = logging.getLogger('great_expectations.data_context'); gx.setLevel(logging.INFO); "
+            "gx.info('Created temporary directory for ephemeral docs site'); gx.warning('a real warning'); "
+            "logging.getLogger('silver.job').info('ours')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "ephemeral" not in proc.stdout + proc.stderr
+    assert "a real warning" in proc.stderr and log.message_of(proc.stdout.strip()) == "ours"
