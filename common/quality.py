@@ -20,6 +20,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
 POLICIES = ("warn", "quarantine", "fail")
 SAMPLE_ROWS = 5
+SAMPLE_CHARS = 200      # of one sampled value in result_json: a bad value may be a whole line
 
 
 class SuiteError(ValueError):
@@ -246,16 +247,28 @@ class QualityGate:
 
 def result_json_of(r) -> str:
     """One expectation's GX result (ExpectationValidationResult) as JSON, for ops.dq_results'
-    result_json: `make dq-docs` rebuilds the suite's validation result from these. Its row lists
-    are cut to SAMPLE_ROWS first: a COMPLETE result lists every unexpected row, and GX's
-    serializer walks each in Python, which on a bad batch would cost more than the validation."""
+    result_json: `make dq-docs` rebuilds the suite's validation result from these. Its lists are
+    cut to SAMPLE_ROWS and its texts to SAMPLE_CHARS first: a COMPLETE result lists every
+    unexpected row, and GX's serializer walks each in Python, which on a bad batch would cost
+    more than the validation (and the row's size would have no bound)."""
     from great_expectations.core import ExpectationValidationResult
 
-    result = {k: v[:SAMPLE_ROWS] if isinstance(v, list) and k != "unexpected_index_column_names" else v
-              for k, v in (r.result or {}).items()}
+    result = {k: v if k == "unexpected_index_column_names" else _sample(v) for k, v in (r.result or {}).items()}
     cut = ExpectationValidationResult(success=r.success, expectation_config=r.expectation_config,
                                       result=result, meta=r.meta, exception_info=r.exception_info)
     return json.dumps(cut.to_json_dict(), separators=(",", ":"))
+
+
+def _sample(value):
+    if isinstance(value, str):
+        return value if len(value) <= SAMPLE_CHARS else value[:SAMPLE_CHARS] + "..."
+    if isinstance(value, list):
+        return [_sample(v) for v in value[:SAMPLE_ROWS]]
+    if isinstance(value, tuple):        # one row's values (a column pair): all of them
+        return tuple(_sample(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _sample(v) for k, v in value.items()}
+    return value
 
 
 def _match(results, rule: Rule):
