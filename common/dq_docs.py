@@ -38,6 +38,10 @@ class NoResults(RuntimeError):
     """ops.dq_results is missing, empty, or holds nothing the filters select."""
 
 
+class RenderError(RuntimeError):
+    """Great Expectations could not render a page (it prints why and carries on)."""
+
+
 @dataclass(frozen=True)
 class Run:
     """One gated micro-batch as recorded: the rows one write_results call appended."""
@@ -209,7 +213,7 @@ def build_docs(runs: list[Run], suites: dict, site_dir: Path) -> dict:
     # GX prints a page's rendering error and carries on: a page missing is an error here.
     pages = sum(1 for _ in (site_dir / "validations").rglob("*.html")) if (site_dir / "validations").is_dir() else 0
     if pages < len(results):
-        raise RuntimeError(f"Great Expectations rendered {pages} of {len(results)} validation pages; "
+        raise RenderError(f"Great Expectations rendered {pages} of {len(results)} validation pages; "
                            f"its messages above say why")
     return {"validations": len(results), "suites": len(latest), "skipped_rows": skipped}
 
@@ -246,7 +250,8 @@ def main(argv=None, *, spark=None, cfg=None) -> int:
         parser.error("--last must be 0 (all) or more")
     try:
         cfg = cfg or load_config()
-        target = parse(args.out) if args.out else parse(str(cfg.paths.reports)) / "dq-docs"
+        target = parse(args.out or str(cfg.paths.reports), store=cfg.store)
+        target = target if args.out else target / "dq-docs"
     except (ConfigError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -269,7 +274,11 @@ def main(argv=None, *, spark=None, cfg=None) -> int:
         staging_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".dq-docs-", dir=staging_root) as tmp:
         site = Path(tmp) / "site"
-        counts = build_docs(runs, conf_suites(cfg), site)
+        try:
+            counts = build_docs(runs, conf_suites(cfg), site)
+        except RenderError as e:     # the previous site stays as it was
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         publish(site, target)
     if counts["skipped_rows"]:
         print(f"note: {counts['skipped_rows']} result(s) recorded before result_json existed name a rule "

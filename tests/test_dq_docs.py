@@ -12,7 +12,7 @@ import pytest
 
 from common import dq_docs
 from common.delta import ensure_table
-from common.quality import dq_rows, load_suites
+from common.quality import Outcome, dq_rows, load_suites
 from common.schemas import DQ_RESULTS
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -121,8 +121,6 @@ def test_a_table_from_before_result_json_gains_it_at_start_and_its_rows_still_re
     old = StructType([f for f in DQ_RESULTS.fields if f.name != "result_json"])
     path = ensure_table(spark, cfg, "ops", "dq_results", old)
     suite = load_suites(cfg.silver.expectations)["silver.camera_events"]
-    from common.quality import Outcome
-
     outcomes = [Outcome(rule, rule.name != "device_id_well_formed", 10, 0 if rule.name != "device_id_well_formed" else 2,
                         None) for rule in suite.rules]
     rows = [r[:-1] for r in dq_rows(outcomes, "silver", 3, suite.table, suite.name)]
@@ -141,3 +139,12 @@ def test_a_table_from_before_result_json_gains_it_at_start_and_its_rows_still_re
     t = text(page)
     assert stat(t, "Evaluated Expectations") == 5 and stat(t, "Unsuccessful Expectations") == 1
     assert "20% unexpected" in t                      # 2 of 10, from the row's own counts
+
+    # A page GX cannot render (it prints why and carries on) fails the build; the site stays.
+    unrenderable = ('{"success":true,"expectation_config":{"type":"expect_column_values_to_not_be_null",'
+                    '"kwargs":{"column":"event_id","no_such_kwarg":1}},"result":{}}')
+    spark.createDataFrame([rows[0][:1] + (4,) + rows[0][2:] + (unrenderable,)], DQ_RESULTS) \
+        .write.format("delta").mode("append").save(path)
+    assert build(spark, cfg, out) == 1
+    assert "rendered 1 of 2 validation pages" in capsys.readouterr().err
+    assert list((out / "validations").rglob("*.html")) == [page]
