@@ -22,7 +22,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit soak status report chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore
+        seed-locations sql demo audit bench-audit soak status report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -143,6 +143,9 @@ status: setup ## Each streaming query: latest batch, rates, lag, state size, las
 
 report: setup ## PNG charts + index.html from ops.query_progress, dq_results, quarantine (under paths.reports)
 	@$(PY) -m common.report
+
+dq-docs: setup ## Great Expectations Data Docs of the recorded gate results, <paths.reports>/dq-docs (LAST=N batches per query, LAYER=, SUITE=)
+	@$(PY) -m common.dq_docs $(if $(LAST),--last $(LAST)) $(if $(LAYER),--layer $(LAYER)) $(if $(SUITE),--suite $(SUITE))
 
 maintain: setup ## Compact (OPTIMIZE) and VACUUM every table, drop ops rows past retention; safe beside running queries (TABLE=<name>, JSON=1)
 	@$(PY) -m pipeline.maintenance $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)

@@ -75,14 +75,39 @@ def align_properties(spark, path: str, wanted: dict[str, str]) -> dict[str, str]
     return changed
 
 
+def add_missing_columns(spark, path: str, schema) -> list[str]:
+    """Add the columns of `schema` the table lacks (a table made by an older version of the
+    code); returns their names. Like align_properties, a metadata commit made at start-up by the
+    process that holds the table's writers, once per new column: appends need no mergeSchema,
+    so no batch ever pays for a schema change or races another writer's append with one."""
+    from py4j.protocol import Py4JError
+
+    try:
+        have = list(_snapshot(spark, path).schema().fieldNames())
+    except Py4JError:     # an internal API: if a Delta upgrade moves it, read the schema
+        have = DeltaTable.forPath(spark, path).toDF().columns
+    have = {name.lower() for name in have}          # Delta column names are case-insensitive
+    missing = [f for f in schema.fields if f.name.lower() not in have]
+    required = [f.name for f in missing if not f.nullable]
+    if required:
+        raise ValueError(f"Delta table {path} lacks the non-nullable column(s) {required}: existing rows "
+                         f"have no value for them; add them by hand or recreate the table")
+    if missing:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+    return [f.name for f in missing]
+
+
 def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by=(),
                  properties: dict[str, str] | None = None) -> str:
     """Create the table if missing; an existing one gets the properties conf now asks for
-    (retention changed in conf applies at the next start, not only to new tables)."""
+    (retention changed in conf applies at the next start, not only to new tables) and the
+    nullable columns the schema gained since it was created."""
     path = cfg.table_path(layer, table)
     wanted = {**retention_properties(cfg), **(properties or {})}
     if DeltaTable.isDeltaTable(spark, path):
         align_properties(spark, path, wanted)
+        add_missing_columns(spark, path, schema)
     else:
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if partition_by:

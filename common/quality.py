@@ -20,6 +20,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
 POLICIES = ("warn", "quarantine", "fail")
 SAMPLE_ROWS = 5
+SAMPLE_CHARS = 200      # of one sampled value in result_json: a bad value may be a whole line
 
 
 class SuiteError(ValueError):
@@ -82,6 +83,7 @@ class Outcome:
     observed_value: str | None
     unexpected_ids: list = field(default_factory=list)
     sample: list = field(default_factory=list)
+    gx_result: object = None       # GX's ExpectationValidationResult; recorded as JSON (result_json_of)
 
 
 def _camel(snake: str) -> str:
@@ -225,7 +227,7 @@ class QualityGate:
                                        f"evaluated: {r.exception_info.get('exception_message')}")
             if rule not in detail:
                 outcomes.append(Outcome(rule=rule, success=True, element_count=rows, unexpected_count=0,
-                                        observed_value=None))
+                                        observed_value=None, gx_result=r))
                 continue
             res = r.result or {}
             ids = [d.get(self.suite.row_id) for d in res.get("unexpected_index_list") or []
@@ -238,8 +240,35 @@ class QualityGate:
                 else json.dumps(res.get("observed_value"), default=str),
                 unexpected_ids=ids,
                 sample=(res.get("unexpected_index_list") or res.get("partial_unexpected_list") or [])[:SAMPLE_ROWS],
+                gx_result=r,
             ))
         return outcomes
+
+
+def result_json_of(r) -> str:
+    """One expectation's GX result (ExpectationValidationResult) as JSON, for ops.dq_results'
+    result_json: `make dq-docs` rebuilds the suite's validation result from these. Its lists are
+    cut to SAMPLE_ROWS and its texts to SAMPLE_CHARS first: a COMPLETE result lists every
+    unexpected row, and GX's serializer walks each in Python, which on a bad batch would cost
+    more than the validation (and the row's size would have no bound)."""
+    from great_expectations.core import ExpectationValidationResult
+
+    result = {k: v if k == "unexpected_index_column_names" else _sample(v) for k, v in (r.result or {}).items()}
+    cut = ExpectationValidationResult(success=r.success, expectation_config=r.expectation_config,
+                                      result=result, meta=r.meta, exception_info=r.exception_info)
+    return json.dumps(cut.to_json_dict(), separators=(",", ":"))
+
+
+def _sample(value):
+    if isinstance(value, str):
+        return value if len(value) <= SAMPLE_CHARS else value[:SAMPLE_CHARS] + "..."
+    if isinstance(value, list):
+        return [_sample(v) for v in value[:SAMPLE_ROWS]]
+    if isinstance(value, tuple):        # one row's values (a column pair): all of them
+        return tuple(_sample(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _sample(v) for k, v in value.items()}
+    return value
 
 
 def _match(results, rule: Rule):
@@ -274,7 +303,9 @@ def dq_rows(outcomes: list[Outcome], query: str, batch_id: int, table: str, suit
 
     now = datetime.now(timezone.utc)
     return [(query, batch_id, table, suite, o.rule.name, o.rule.expectation, o.rule.policy,
-             o.success, o.element_count, o.unexpected_count, o.observed_value, now)
+             o.success, o.element_count, o.unexpected_count, o.observed_value, now,
+             # Serialized here, in the write's thread beside the layer's own writes, not in validate().
+             None if o.gx_result is None else result_json_of(o.gx_result))
             for o in outcomes]
 
 

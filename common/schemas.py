@@ -54,6 +54,9 @@ DQ_RESULTS = StructType([
     StructField("unexpected_count", LongType(), True),
     StructField("observed_value", StringType(), True),
     StructField("evaluated_at", TimestampType(), False),
+    # The expectation's GX result (ExpectationValidationResult JSON, row lists cut to a sample):
+    # what `make dq-docs` renders. Null in rows written before the column existed.
+    StructField("result_json", StringType(), True),
 ])
 
 # ops.query_progress: every progress event of every streaming query (common/progress.py),

@@ -22,6 +22,7 @@ TOOLS = {
     "sql": ("common.sql", "Run SQL over the tables; no query: a spark-sql shell."),
     "status": ("common.status", "Each streaming query: last batch, rates, lag, state."),
     "report": ("common.report", "PNG charts and index.html from the ops tables."),
+    "dq-docs": ("common.dq_docs", "Great Expectations Data Docs of the recorded gate results."),
     "audit": ("audit.__main__", "Audit every table: history, gold prefixes, accounting."),
     "diff": ("audit.diff", "Rows added and removed between two table versions."),
     "restore": ("audit.restore", "Roll a table back to a version (asks first)."),

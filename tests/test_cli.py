@@ -24,7 +24,7 @@ from console.commands import lakehouse
 
 REPO = Path(__file__).resolve().parent.parent
 # What the console must offer: every tool the Makefile runs with `python -m ...`.
-COMMANDS = {"run", "generate", "seed-locations", "sql", "status", "report", "audit", "diff", "restore",
+COMMANDS = {"run", "generate", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "restore",
             "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive"}
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S")
 
@@ -71,6 +71,7 @@ HELP_CASES = [
     (["sql"], ["--limit", "-f FILE"]),
     (["status"], ["--json"]),
     (["report"], ["--out"]),
+    (["dq-docs"], ["--last", "--layer", "--suite"]),
     (["audit"], ["--table", "--json"]),
     (["diff"], ["TABLE FROM TO", "--sample", "--json"]),
     (["restore"], ["TABLE VERSION", "--yes"]),
