@@ -106,6 +106,7 @@ def test_a_failed_query_records_its_error_and_status_shows_it(spark, cfg, record
         run_query(spark, cfg, path, "gold_device_sessions", broken)
     recorder.close()
 
+    capsys.readouterr()     # the batch log lines so far (on stdout once a test configured logging)
     assert status.main([], spark=spark, cfg=cfg) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
