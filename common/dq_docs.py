@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -26,8 +25,8 @@ from pathlib import Path
 from common.config import ConfigError, load_config
 from common.storage import StorageError, is_delta_table, parse, walk_files, write_atomic
 
-# GX would otherwise be free to phone home (usage statistics); a docs build must not.
-os.environ["GX_ANALYTICS_ENABLED"] = "False"
+# Imported for its side effect first: it turns GX's usage statistics off before GX loads.
+import common.quality  # noqa: E402,F401
 
 SITE = "dq_docs"
 DEFAULT_LAST = 20
@@ -255,19 +254,14 @@ def main(argv=None, prog: str = "python -m common.dq_docs", *, spark=None, cfg=N
     except (ConfigError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    own = spark is None
-    if own:
-        from common.spark import build_spark
+    from common.spark import session
 
-        spark = build_spark(cfg, "dq-docs")
     try:
-        runs = recorded_runs(spark, cfg, args.last or None, args.layer, args.suite)
+        with session(cfg, "dq-docs", spark) as spark:     # stopped before GX: the rest is GX alone
+            runs = recorded_runs(spark, cfg, args.last or None, args.layer, args.suite)
     except NoResults as e:
         print(str(e), file=sys.stderr)
         return 1
-    finally:
-        if own:
-            spark.stop()     # the rest is GX alone
     # Built beside the target (same file system: the swap is a rename), or locally for s3a://.
     staging_root = target.parent if isinstance(target, Path) else None
     if staging_root is not None:

@@ -173,23 +173,16 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "common.report") -> int
     except StorageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    own = spark is None
-    if own:
-        from common.spark import build_spark
+    from common.spark import session
 
-        spark = build_spark(cfg, "report")
-    try:
-        with tempfile.TemporaryDirectory(prefix="report-") as tmp:
-            # matplotlib writes local files: on object storage, draw here and upload the page.
-            local = target if isinstance(target, Path) else Path(tmp)
-            written = build_report(spark, cfg, local)
-            if not isinstance(target, Path):
-                for path in written:
-                    write_atomic(target / path.name, path.read_bytes())
-                written = [target / path.name for path in written]
-    finally:
-        if own:
-            spark.stop()
+    with session(cfg, "report", spark) as spark, tempfile.TemporaryDirectory(prefix="report-") as tmp:
+        # matplotlib writes local files: on object storage, draw here and upload the page.
+        local = target if isinstance(target, Path) else Path(tmp)
+        written = build_report(spark, cfg, local)
+        if not isinstance(target, Path):
+            for path in written:
+                write_atomic(target / path.name, path.read_bytes())
+            written = [target / path.name for path in written]
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from common import class_archive
@@ -139,6 +140,20 @@ def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] 
     spark.sparkContext.setLogLevel(cfg.spark.log_level)
     register_tables(spark, cfg)
     return spark
+
+
+@contextmanager
+def session(cfg: Config, app_name: str, spark=None):
+    """The caller's session if it passed one (tests, the pipeline), else one built for this
+    tool and stopped when the block ends."""
+    if spark is not None:
+        yield spark
+        return
+    own = build_spark(cfg, app_name)
+    try:
+        yield own
+    finally:
+        own.stop()
 
 
 def main(argv=None) -> int:

@@ -148,16 +148,10 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "common.status") -> int
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    own = spark is None
-    if own:
-        from common.spark import build_spark
+    from common.spark import session
 
-        spark = build_spark(cfg, "status")
-    try:
+    with session(cfg, "status", spark) as spark:
         rows = query_status(spark, cfg)
-    finally:
-        if own:
-            spark.stop()
     print(json.dumps(rows, indent=2, default=str) if args.json else render(rows))
     return 0
 
