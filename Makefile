@@ -69,13 +69,13 @@ test-fast: setup ## The quick loop: no Kafka broker, no long end-to-end runs (ch
 	$(PY) -m pytest -q -m "not kafka and not slow"
 
 kafka-up: setup ## Start the local KRaft Kafka broker on 127.0.0.1 (port from conf)
-	$(PY) -m common.kafka_broker up
+	$(PY) -m tools.kafka_broker up
 
 kafka-down: ## Stop the local Kafka broker
-	@test -x $(PY) && $(PY) -m common.kafka_broker down || true
+	@test -x $(PY) && $(PY) -m tools.kafka_broker down || true
 
 kafka-status: ## Is the local broker up?
-	$(PY) -m common.kafka_broker status
+	$(PY) -m tools.kafka_broker status
 
 clean-lakehouse: ## Delete the lakehouse (tables, checkpoints, landing) under LAKEHOUSE_ROOT
 	rm -rf $${LAKEHOUSE_ROOT:-./lakehouse}
@@ -99,7 +99,7 @@ run-gold: setup ## silver.camera_events -> gold.zip_hourly_sightings, gold.devic
 	$(PY) -m pipeline --layer gold
 
 sql: setup ## make sql Q="SELECT ..." prints a table (no JVM; ENGINE=spark for Spark SQL); plain `make sql` opens a spark-sql shell
-	@$(PY) -m common.sql $(if $(Q),"$$Q") $(if $(LIMIT),--limit $(LIMIT))
+	@$(PY) -m tools.sql $(if $(Q),"$$Q") $(if $(LIMIT),--limit $(LIMIT))
 
 diff: setup ## Rows added/removed between two versions: TABLE=gold.x FROM=3 TO=7 (SAMPLE=N, JSON=1)
 	@test -n "$(TABLE)" -a -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make diff TABLE=<layer.table> FROM=<version> TO=<version> [SAMPLE=N] [JSON=1]" >&2; exit 2; }
@@ -125,27 +125,27 @@ define DEMO_NEXT
 endef
 demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql); STORE=s3 on the local S3 server
 ifeq ($(STORE),s3)
-	$(PY) -m common.s3_server up
-	eval "$$($(PY) -m common.s3_server env --prefix demo)" && \
+	$(PY) -m tools.s3_server up
+	eval "$$($(PY) -m tools.s3_server env --prefix demo)" && \
 	  $(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED) && \
 	  $(PY) -m pipeline && \
-	  $(PY) -m common.sql -f conf/demo.sql
-	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$($(PY) -m common.s3_server env --prefix demo)"  first for the commands below.'
+	  $(PY) -m tools.sql -f conf/demo.sql
+	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$($(PY) -m tools.s3_server env --prefix demo)"  first for the commands below.'
 else
 	$(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED)
 	$(MAKE) --no-print-directory run-all
-	@$(PY) -m common.sql -f conf/demo.sql
+	@$(PY) -m tools.sql -f conf/demo.sql
 endif
 	$(DEMO_NEXT)
 
 status: setup ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
-	@$(PY) -m common.status $(if $(JSON),--json)
+	@$(PY) -m tools.status $(if $(JSON),--json)
 
 report: setup ## PNG charts + index.html from ops.query_progress, dq_results, quarantine (under paths.reports)
-	@$(PY) -m common.report
+	@$(PY) -m tools.report
 
 dq-docs: setup ## Great Expectations Data Docs of the recorded gate results, <paths.reports>/dq-docs (LAST=N batches per query, LAYER=, SUITE=)
-	@$(PY) -m common.dq_docs $(if $(LAST),--last $(LAST)) $(if $(LAYER),--layer $(LAYER)) $(if $(SUITE),--suite $(SUITE))
+	@$(PY) -m tools.dq_docs $(if $(LAST),--last $(LAST)) $(if $(LAYER),--layer $(LAYER)) $(if $(SUITE),--suite $(SUITE))
 
 maintain: setup ## Compact (OPTIMIZE) and VACUUM every table, drop ops rows past retention; safe beside running queries (TABLE=<name>, JSON=1)
 	@$(PY) -m pipeline.maintenance $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)
@@ -175,13 +175,13 @@ bench: setup ## Ceiling, layer throughput, incremental cost, latency, state, qua
 	$(PY) -m bench.run -n $(BENCH_N) $(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 
 s3-up: setup ## Start the local S3-compatible server (S3Proxy) on 127.0.0.1 with the bucket from conf
-	$(PY) -m common.s3_server up
+	$(PY) -m tools.s3_server up
 
 s3-down: ## Stop the local S3 server
-	@test -x $(PY) && $(PY) -m common.s3_server down || true
+	@test -x $(PY) && $(PY) -m tools.s3_server down || true
 
 s3-status: ## Is the local S3 server up?
-	$(PY) -m common.s3_server status
+	$(PY) -m tools.s3_server status
 
 s3-env: ## Print the exports (endpoint, credentials) that point a shell at the local S3 server
-	@$(PY) -m common.s3_server env
+	@$(PY) -m tools.s3_server env

@@ -16,7 +16,7 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 
 from common.config import ConfigError, load_config
-from common.sql import format_table
+from tools.sql import format_table
 from common.streaming import fail
 
 from audit.tables import TableError, resolve, spark_session

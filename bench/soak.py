@@ -252,7 +252,7 @@ class Sampler:
         self.system = jvm.java.lang.System
 
     def process(self) -> dict:
-        from common.processes import descendants, rss
+        from tools.processes import descendants, rss
 
         # Heap used right after a full collection: the live set, not wherever G1 happened to be
         # between young collections (which swings by the size of the young generation).

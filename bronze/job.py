@@ -29,7 +29,7 @@ def preflight(cfg, source: str) -> None:
         raise JobError(f"landing folder {cfg.landing} does not exist "
                        "(set LANDING, or write files there with `make generate`)")
     if source == "kafka":
-        from common.kafka_broker import BrokerError, wait_for_kafka
+        from common.kafka import BrokerError, wait_for_kafka
 
         try:
             wait_for_kafka(cfg.kafka.bootstrap_servers, cfg.kafka.connect_timeout.seconds)
@@ -166,7 +166,7 @@ class KafkaRecovery(Recovery):
 
 def _wait_for_broker(cfg, stop: threading.Event, give_up_at: float,
                      stop_all: threading.Event | None = None) -> None:
-    from common.kafka_broker import BrokerError, wait_for_kafka
+    from common.kafka import BrokerError, wait_for_kafka
 
     src, servers = cfg.kafka.source, cfg.kafka.bootstrap_servers
     backoff = src.reconnect_backoff.seconds

@@ -19,7 +19,7 @@ from pathlib import Path
 from random import Random
 
 from common.log import message_of, parseable_env
-from common.processes import descendants, kill_tree
+from tools.processes import descendants, kill_tree
 from common.storage import is_delta_table
 
 LAYERS = ("bronze", "silver", "gold")

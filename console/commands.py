@@ -19,10 +19,10 @@ from common import log
 TOOLS = {
     "generate": ("bronze.generator", "Write N generated events to landing files or Kafka."),
     "seed-locations": ("silver.locations", "Load the locations CSV into silver.device_locations."),
-    "sql": ("common.sql", "Run SQL over the tables; no query: a spark-sql shell."),
-    "status": ("common.status", "Each streaming query: last batch, rates, lag, state."),
-    "report": ("common.report", "PNG charts and index.html from the ops tables."),
-    "dq-docs": ("common.dq_docs", "Great Expectations Data Docs of the recorded gate results."),
+    "sql": ("tools.sql", "Run SQL over the tables; no query: a spark-sql shell."),
+    "status": ("tools.status", "Each streaming query: last batch, rates, lag, state."),
+    "report": ("tools.report", "PNG charts and index.html from the ops tables."),
+    "dq-docs": ("tools.dq_docs", "Great Expectations Data Docs of the recorded gate results."),
     "audit": ("audit.__main__", "Audit every table: history, gold prefixes, accounting."),
     "diff": ("audit.diff", "Rows added and removed between two table versions."),
     "restore": ("audit.restore", "Roll a table back to a version (asks first)."),
@@ -31,8 +31,8 @@ TOOLS = {
     "bench": ("bench.run", "Throughput, incremental cost, latency and state bench."),
     "bench-audit": ("bench.audit_versions", "Time the audit of a gold table with many versions."),
     "soak": ("bench.soak", "The pipeline at a steady feed; fails if a series grows."),
-    "kafka": ("common.kafka_broker", "The local Kafka broker: up, down, status."),
-    "s3": ("common.s3_server", "The local S3-compatible server: up, down, status, env."),
+    "kafka": ("tools.kafka_broker", "The local Kafka broker: up, down, status."),
+    "s3": ("tools.s3_server", "The local S3-compatible server: up, down, status, env."),
     "class-archive": ("common.class_archive", "Build the driver JVM's class-data sharing archive."),
 }
 LAYERS = ("all", "bronze", "silver", "gold")

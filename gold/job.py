@@ -131,7 +131,7 @@ def prepare_gold(spark, cfg, specs) -> None:
     if not is_delta_table(silver_path):
         raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
     if cfg.gold.stats_to_kafka:
-        from common.kafka_broker import BrokerError, ensure_topic, wait_for_kafka
+        from common.kafka import BrokerError, ensure_topic, wait_for_kafka
 
         try:
             wait_for_kafka(cfg.kafka.bootstrap_servers, cfg.kafka.connect_timeout.seconds)

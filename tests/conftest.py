@@ -68,8 +68,8 @@ def cfg(env, spark):
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory):
     """A real KRaft broker from the Maven jars, on free ports, for this test session."""
-    from common.kafka_broker import Broker
-    from common.processes import free_port
+    from tools.kafka_broker import Broker
+    from tools.processes import free_port
 
     broker = Broker(tmp_path_factory.mktemp("kafka"), free_port(), free_port())
     broker.start(timeout=90)

@@ -350,7 +350,7 @@ def test_missing_landing_folder_exits_2_naming_it(env, tmp_path):
 
 
 def test_unreachable_broker_exits_2_naming_the_bootstrap(env):
-    from common.processes import free_port
+    from tools.processes import free_port
 
     bootstrap = f"127.0.0.1:{free_port()}"
     proc = run_job({**env, "KAFKA_BOOTSTRAP": bootstrap, "LAKEHOUSE__KAFKA__CONNECT_TIMEOUT": "3 seconds"},

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from common.cluster import StandaloneCluster
-from common.processes import kill_tree, processes_using, with_jvm_options
+from support.cluster import StandaloneCluster
+from tools.processes import kill_tree, processes_using, with_jvm_options
 from common.spark import C1_ONLY
 
 REPO = Path(__file__).resolve().parent.parent

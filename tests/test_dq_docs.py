@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common import dq_docs
+from tools import dq_docs
 from common.delta import ensure_table
 from common.quality import Outcome, dq_rows, load_suites
 from common.schemas import DQ_RESULTS

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from common.processes import kill_tree
+from tools.processes import kill_tree
 from common.config import load_config
-from common.kafka_broker import Broker, ensure_topic
-from common.processes import free_port
+from tools.kafka_broker import Broker, ensure_topic
+from tools.processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "outage-events"

@@ -29,8 +29,8 @@ LEASE_TTL = "20 seconds"
 
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory):
-    from common.processes import free_port
-    from common.s3_server import S3Server
+    from tools.processes import free_port
+    from tools.s3_server import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("s3"), free_port(), "lakehouse")
     server.load_credentials(environ={})   # a fresh random key pair, as `make s3-up` draws one
@@ -102,7 +102,7 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
 
     # make report on the same lakehouse, its page written to the bucket too.
     reports = f"{s3_env['LAKEHOUSE_ROOT']}-reports"
-    rep = subprocess.run([sys.executable, "-m", "common.report"], cwd=REPO, env=dict(s3_env, REPORTS_DIR=reports),
+    rep = subprocess.run([sys.executable, "-m", "tools.report"], cwd=REPO, env=dict(s3_env, REPORTS_DIR=reports),
                          capture_output=True, text=True, timeout=600)
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert f"wrote {reports}/index.html" in rep.stdout

@@ -7,7 +7,7 @@ import re
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from common import status
+from tools import status
 from common.progress import ProgressRecorder, log_line, source_lag
 
 LINE = re.compile(r"^\S+\s+batch \d+  [\d,]+ rows  [\d,]+ rows/s  \d+\.\d s  wm (\d\d:\d\d|-)$")
@@ -188,7 +188,7 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
 # --- make report ------------------------------------------------------------------------------
 
 def test_report_writes_readable_charts_and_a_page(spark, cfg, recorded, tmp_path):
-    from common.report import build_report
+    from tools.report import build_report
 
     recorder, _ = recorded
     run_query(spark, cfg, source_table(spark, cfg, 4), "silver")

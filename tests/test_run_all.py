@@ -66,7 +66,7 @@ def test_continuous_run_all_is_one_application_and_a_signal_stops_it_cleanly(spa
         for query in ("gold_zip_hourly_sightings", "gold_device_activity", "gold_device_sessions"):
             run.wait_for(rf"^{query}\s+batch \d+  [1-9][\d,]* rows", 400)
         # one application: a single JVM below the one Python driver
-        from common.processes import command_line, descendants
+        from tools.processes import command_line, descendants
 
         jvms = [p for p in descendants(run.proc.pid) if "java" in command_line(p)]
         assert len(jvms) == 1, jvms

@@ -1,4 +1,4 @@
-"""common.sql's two engines on one small lakehouse that the real pipeline built: the embedded
+"""tools.sql's two engines on one small lakehouse that the real pipeline built: the embedded
 engine (delta-rs + DuckDB, no JVM) gives Spark SQL's answers, time travel included, and says
 clearly what it will not run."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from sqlglot import exp
 
 from common.catalog import register_tables
 from common.config import TABLES, load_config
-from common.embedded_sql import EmbeddedEngine, QueryError, Unsupported
-from common.sql import Runner, _statements, main, run_query
+from tools.embedded_sql import EmbeddedEngine, QueryError, Unsupported
+from tools.sql import Runner, _statements, main, run_query
 
 REPO = Path(__file__).resolve().parent.parent
 GOLD = "gold.zip_hourly_sightings"
@@ -138,7 +138,7 @@ def test_the_cli_prints_what_spark_prints_without_starting_a_jvm(spark, lake):
     sql = (f"SELECT zip_code, window_start, sightings, round(sightings / 7, 2) AS per_day FROM {GOLD} "
            f"VERSION AS OF {lake.round_one.version} ORDER BY window_start, zip_code, unknown_device LIMIT 8")
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "common.sql", "--no-fallback", sql], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "tools.sql", "--no-fallback", sql], cwd=REPO,
                           env=lake.env, capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - started
     assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -1,6 +1,6 @@
 """make status: each streaming query's latest batch, rates, lag, state and last error.
 
-    python -m common.status [--json]
+    python -m tools.status [--json]
 
 Reads ops.query_progress (written by every job while it runs) and the queries' checkpoints, so
 it works while jobs run and after they stop. A checkpoint whose offset log is ahead of its
@@ -138,7 +138,7 @@ def render(rows: list[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
 
 
-def main(argv=None, *, spark=None, cfg=None, prog: str = "common.status") -> int:
+def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.status") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")

@@ -1,9 +1,9 @@
 """SQL over the lakehouse catalog (bronze.*, silver.*, gold.*, ops.*), Delta time travel included.
 
-    python -m common.sql "SELECT * FROM gold.zip_hourly_sightings ORDER BY sightings DESC"
-    python -m common.sql "SELECT count(*) FROM gold.device_sessions VERSION AS OF 3"
-    python -m common.sql -f conf/demo.sql
-    python -m common.sql            # interactive spark-sql shell with Delta and the tables
+    python -m tools.sql "SELECT * FROM gold.zip_hourly_sightings ORDER BY sightings DESC"
+    python -m tools.sql "SELECT count(*) FROM gold.device_sessions VERSION AS OF 3"
+    python -m tools.sql -f conf/demo.sql
+    python -m tools.sql            # interactive spark-sql shell with Delta and the tables
 
 Queries run on the embedded engine (delta-rs + DuckDB, no JVM: an answer in well under a
 second). A statement it cannot run (DDL/DML, DESCRIBE HISTORY, a function or syntax it lacks,
@@ -71,7 +71,7 @@ class Runner:
 
     def run(self, query: str, limit: int) -> str:
         if self.engine == "embedded":
-            from common.embedded_sql import EmbeddedEngine, Unsupported
+            from tools.embedded_sql import EmbeddedEngine, Unsupported
 
             try:
                 if self._embedded is None:
@@ -145,7 +145,7 @@ def main(argv=None, prog: str = "sql") -> int:
     if not args.query and not args.file:
         return spark_sql_shell(cfg)
     queries = [args.query] if args.query else _statements(Path(args.file))
-    from common.embedded_sql import QueryError
+    from tools.embedded_sql import QueryError
 
     runner = Runner(cfg, args.engine, fallback=not args.no_fallback)
     try:

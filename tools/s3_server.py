@@ -1,13 +1,13 @@
 """A local S3-compatible server (S3Proxy, filesystem backend), run from the jar Maven fetched at
 setup, for object-store runs and tests without a cloud account.
 
-`python -m common.s3_server up|down|status|env` backs `make s3-up/-down/-status`; tests use
+`python -m tools.s3_server up|down|status|env` backs `make s3-up/-down/-status`; tests use
 `S3Server` directly on free ports. It listens on 127.0.0.1 only and keeps its objects under
 object_store.server.data_dir (git-ignored), one folder per bucket.
 
 Credentials: the server takes AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from the environment
 when set; otherwise it draws a random pair once and keeps it in <data_dir>/credentials.env
-(mode 600). `python -m common.s3_server env` prints the exports (endpoint, keys, LAKEHOUSE_ROOT=
+(mode 600). `python -m tools.s3_server env` prints the exports (endpoint, keys, LAKEHOUSE_ROOT=
 s3a://<bucket>/nest) that point a shell, and every job started from it, at the server.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common.config import ConfigError, load_config
 from common.jars import s3proxy_jar
-from common.processes import live_pid, port_open, terminate
+from tools.processes import live_pid, port_open, terminate
 from common.storage import ObjectPath, Store, StorageError
 
 

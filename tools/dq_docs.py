@@ -1,7 +1,7 @@
 """make dq-docs: the quality gate's recorded results (ops.dq_results) as Great Expectations Data
 Docs, under paths.reports (default ./reports/dq-docs/index.html).
 
-    python -m common.dq_docs [--last N] [--layer silver|gold] [--suite NAME] [--out DIR]
+    python -m tools.dq_docs [--last N] [--layer silver|gold] [--suite NAME] [--out DIR]
 
 Off the batch path: the gate only appends each expectation's GX result (result_json) to the
 row it already writes; this command rebuilds one GX validation result per gated micro-batch
@@ -236,7 +236,7 @@ def publish(site: Path, target) -> None:
             (target / rel).unlink(missing_ok=True)
 
 
-def main(argv=None, prog: str = "python -m common.dq_docs", *, spark=None, cfg=None) -> int:
+def main(argv=None, prog: str = "python -m tools.dq_docs", *, spark=None, cfg=None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--last", type=int, default=DEFAULT_LAST, metavar="N",

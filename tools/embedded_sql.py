@@ -7,7 +7,7 @@ differ (`/` is always a fractional division, `date_format` patterns, `collect_li
 
 Catalog names are resolved as common.catalog does for Spark: `<layer>.<table>` is
 `cfg.table_path(layer, table)`, local or s3a:// (conf object_store, credentials from the
-environment). Anything this engine cannot run raises Unsupported, and common.sql runs that
+environment). Anything this engine cannot run raises Unsupported, and tools.sql runs that
 statement on Spark instead.
 """
 from __future__ import annotations

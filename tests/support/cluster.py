@@ -16,8 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from common.processes import free_port
-from common.processes import process_table
+from tools.processes import free_port
+from tools.processes import process_table
 
 HOST = "127.0.0.1"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never send 127.0.0.1 via a proxy

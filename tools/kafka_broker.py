@@ -1,6 +1,6 @@
 """A single-node KRaft Apache Kafka broker, run from the jars Maven fetched at setup.
 
-`python -m common.kafka_broker up|down|status` backs `make kafka-up/-down/-status`; tests use
+`python -m tools.kafka_broker up|down|status` backs `make kafka-up/-down/-status`; tests use
 `Broker` directly on free ports. The broker listens on 127.0.0.1 only.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from common.config import ConfigError, load_config
 from common.jars import kafka_broker_classpath
-from common.processes import live_pid, port_open, terminate
+from common.kafka import BrokerError, ensure_topic, wait_for_kafka  # noqa: F401 (tools and tests use them from here too)
+from tools.processes import live_pid, port_open, terminate
 
 LOG4J2 = """\
 rootLogger.level = WARN
@@ -30,46 +31,6 @@ appender.file.layout.pattern = [%d] %p %m (%c)%n
 logger.kafka.name = kafka
 logger.kafka.level = INFO
 """
-
-
-class BrokerError(RuntimeError):
-    pass
-
-
-def wait_for_kafka(bootstrap: str, timeout: float) -> None:
-    """Return once a broker at bootstrap answers a metadata request; raise after timeout."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    # log_level 0: the error we raise names the address; librdkafka would log each retry too.
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000,
-                         "log_level": 0})
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
-            return
-        except KafkaException as e:
-            last = e
-            time.sleep(0.2)
-    raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:g}s ({last})")
-
-
-def ensure_topic(bootstrap: str, topic: str, partitions: int, compacted: bool = False,
-                 timeout: float = 30.0) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    if topic in admin.list_topics(timeout=timeout).topics:
-        return
-    config = {"cleanup.policy": "compact"} if compacted else {}
-    futures = admin.create_topics([NewTopic(topic, partitions, 1, config=config)])
-    try:
-        futures[topic].result(timeout)
-    except Exception as e:  # a concurrent creator may have won the race
-        if "TOPIC_ALREADY_EXISTS" not in str(e):
-            raise
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """make report: PNG charts and one HTML page from ops.query_progress, ops.dq_results and
 silver.quarantine, written under paths.reports (default ./reports, git-ignored).
 
-    python -m common.report [--out DIR]
+    python -m tools.report [--out DIR]
 
 A stream falling behind shows as its processing rate under its input rate, and as batch
 durations above its trigger interval (drawn as a dashed line).
@@ -129,7 +129,7 @@ def quarantine_chart(reasons, out: Path) -> Path | None:
 
 
 def build_report(spark, cfg, out: Path) -> list[Path]:
-    from common.status import query_status, render
+    from tools.status import query_status, render
 
     out.mkdir(parents=True, exist_ok=True)
     charts: list[Path] = []
@@ -158,7 +158,7 @@ def build_report(spark, cfg, out: Path) -> list[Path]:
     return charts + [out / "index.html"]
 
 
-def main(argv=None, *, spark=None, cfg=None, prog: str = "common.report") -> int:
+def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.report") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="output folder (default: paths.reports)")

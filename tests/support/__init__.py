@@ -1,0 +1,1 @@
+"""Test infrastructure: what tests start around the pipeline (a standalone Spark cluster)."""
