@@ -25,7 +25,8 @@ from audit import prefix as P
 from audit.history import table_history
 from audit.report import render
 from audit.tables import TableError, existing, resolve, spark_session
-from common.config import ConfigError, load_config
+from common.errors import command
+from common.config import load_config
 
 def run_audit(spark, cfg, only: str | None = None) -> dict:
     from gold.tables import by_table
@@ -154,22 +155,19 @@ def _failures(report: dict) -> list[str]:
     return out
 
 
+@command
 def main(argv=None, prog: str = "audit") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", help="audit one table, e.g. gold.device_sessions (default: all)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config()
-        if args.table:
-            resolve(cfg, args.table)
-        elif not existing(cfg):
-            raise TableError(f"no tables under {cfg.table_path('bronze', 'events').rsplit('/', 2)[0]}: "
-                             "run the pipeline first (make run-all)")
-    except (ConfigError, TableError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config()
+    if args.table:
+        resolve(cfg, args.table)
+    elif not existing(cfg):
+        raise TableError(f"no tables under {cfg.table_path('bronze', 'events').rsplit('/', 2)[0]}: "
+                         "run the pipeline first (make run-all)")
     with spark_session(cfg) as spark:
         report = run_audit(spark, cfg, args.table)
     if args.json:

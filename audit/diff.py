@@ -15,9 +15,9 @@ import sys
 from datetime import date, datetime, timezone
 from decimal import Decimal
 
-from common.config import ConfigError, load_config
+from common.config import load_config
+from common.errors import JobError, command, describe
 from tools.sql import format_table
-from common.streaming import fail
 
 from audit.tables import TableError, resolve, spark_session
 
@@ -26,7 +26,7 @@ DEFAULT_SAMPLE = 10
 _METRIC_WORDS = ("Rows", "Files")
 
 
-class VersionError(ValueError):
+class VersionError(JobError, ValueError):
     """A version that is not an integer or that the table does not have."""
 
 
@@ -219,11 +219,7 @@ def to_text(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def error_text(e: Exception) -> str:
-    """First line of a Spark error, without the JVM stack trace."""
-    return str(e).split("\n")[0].split("JVM stacktrace")[0].strip()
-
-
+@command
 def main(argv=None, *, spark=None, cfg=None, prog: str = "audit.diff") -> int:
     """Exit code: 0 done, 2 bad input. `spark`/`cfg` let tests reuse theirs (not stopped here)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
@@ -236,25 +232,20 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "audit.diff") -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = parser.parse_args(argv)
     # Every check that needs no Spark runs before Spark's ~15 s start-up.
-    try:
-        from_v = parse_version(args.from_version, "FROM")
-        to_v = parse_version(args.to_version, "TO")
-        if args.sample < 0:
-            raise VersionError(f"--sample must be >= 0, got {args.sample}")
-        cfg = cfg or load_config()
-        path = resolve(cfg, args.table)
-    except (VersionError, ConfigError, TableError) as e:
-        return fail(str(e))
+    from_v = parse_version(args.from_version, "FROM")
+    to_v = parse_version(args.to_version, "TO")
+    if args.sample < 0:
+        raise VersionError(f"--sample must be >= 0, got {args.sample}")
+    cfg = cfg or load_config()
+    path = resolve(cfg, args.table)
     from pyspark.errors import PySparkException
 
     with spark_session(cfg, spark, "audit-diff") as session:
         try:
             rep = report(session, args.table, path, from_v, to_v, args.sample)
-            print(to_json(rep) if args.json else to_text(rep))
-        except VersionError as e:
-            return fail(str(e))
         except PySparkException as e:
-            return fail(f"{args.table}: {error_text(e)}")
+            raise TableError(f"{args.table}: {describe(e)}") from None
+        print(to_json(rep) if args.json else to_text(rep))
     return 0
 
 

@@ -14,11 +14,11 @@ import re
 import sys
 import textwrap
 
-from common.config import ConfigError, load_config
+from common.config import load_config
+from common.errors import JobError, command, describe
 from common.storage import location
-from common.streaming import fail
 
-from audit.diff import (VersionError, check_version, error_text, history, operations_table,
+from audit.diff import (check_version, history, operations_table,
                         parse_version, snapshot, version_range)
 from audit.tables import TableError, outputs as query_outputs, resolve, spark_session, stream_readers, writers
 
@@ -131,6 +131,7 @@ def confirm(question: str, stdin) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+@command
 def main(argv=None, *, spark=None, cfg=None, stdin=None, prog: str = "audit.restore") -> int:
     """Exit code: 0 restored (or nothing to do), 1 not confirmed, 2 bad input.
     `spark`/`cfg`/`stdin` let tests reuse theirs (the session is then not stopped here)."""
@@ -141,12 +142,9 @@ def main(argv=None, *, spark=None, cfg=None, stdin=None, prog: str = "audit.rest
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     args = parser.parse_args(argv)
     stdin = stdin or sys.stdin
-    try:
-        target = parse_version(args.version, "VERSION")
-        cfg = cfg or load_config()
-        path = resolve(cfg, args.table)
-    except (VersionError, ConfigError, TableError) as e:
-        return fail(str(e))
+    target = parse_version(args.version, "VERSION")
+    cfg = cfg or load_config()
+    path = resolve(cfg, args.table)
     from pyspark.errors import PySparkException
 
     with spark_session(cfg, spark, "audit-restore") as spark:
@@ -161,18 +159,16 @@ def main(argv=None, *, spark=None, cfg=None, stdin=None, prog: str = "audit.rest
             if not args.yes:
                 # A prompt nobody can answer would hang a script or CI job.
                 if not stdin.isatty():
-                    return fail("stdin is not a terminal, so the restore cannot be confirmed; "
-                                "rerun with --yes (make restore ... YES=1) to restore without asking")
+                    raise JobError("stdin is not a terminal, so the restore cannot be confirmed; "
+                                   "rerun with --yes (make restore ... YES=1) to restore without asking")
                 if not confirm(f"Restore {args.table} to version {target}? [y/N] ", stdin):
                     print("aborted: nothing changed")
                     return 1
             done = restore(spark, path, target)
             print(f"restored {args.table} to version {target}: new version {done['version']} (RESTORE), "
                   f"{done['rows']} rows")
-        except VersionError as e:
-            return fail(str(e))
         except PySparkException as e:
-            return fail(f"{args.table}: {error_text(e)}")
+            raise TableError(f"{args.table}: {describe(e)}") from None
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.errors import JobError
 from common.config import Config
 from common.storage import is_delta_table
 
@@ -28,7 +29,7 @@ def outputs(cfg: Config) -> dict[str, tuple[str, ...]]:
     return {q: tuple(t for t, ws in w.items() if q in ws) for q in {q for ws in w.values() for q in ws}}
 
 
-class TableError(ValueError):
+class TableError(JobError, ValueError):
     """An unknown table name, or a table that does not exist on disk."""
 
 

@@ -20,9 +20,10 @@ from pyspark.sql import functions as F
 from audit.prefix import ARRIVAL, expected_table
 from bronze.job import BINARY_FILE_SCHEMA
 from bronze.transform import lines_from_files
-from common.config import ConfigError, load_config
+from common.config import load_config
+from common.errors import JobError, command
 from common.spark import build_spark
-from gold.tables import TABLES
+from gold.tables import gold_tables
 from silver import transform as S
 
 
@@ -40,12 +41,15 @@ def recompute(spark, cfg, out: Path) -> dict:
     timings["bronze_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    parsed = S.deduplicate(S.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds),
-                           cfg.silver.dedup_watermark.spark()).persist()
-    locations = spark.read.format("delta").load(cfg.table_path("silver", "device_locations"))
-    write(S.to_quarantine(S.rejected(parsed), 0), "silver/quarantine")
+    profile = cfg.profile
+    parsed = S.deduplicate(S.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, profile),
+                           cfg.silver.dedup_watermark.spark(), profile).persist()
+    dim = profile.dimension
+    locations = (spark.read.format("delta").load(cfg.table_path("silver", dim.table)) if dim else None)
+    write(S.to_quarantine(S.rejected(parsed), 0, profile), "silver/quarantine")
     silver = spark.read.format("delta").load(
-        write(S.to_silver(S.join_locations(S.accepted(parsed), locations), 0), "silver/camera_events"))
+        write(S.to_silver(S.join_dimension(S.accepted(parsed), locations, profile), 0, profile),
+              f"silver/{profile.silver_table}"))
     parsed.unpersist()
     timings["silver_s"] = time.monotonic() - t
 
@@ -55,26 +59,22 @@ def recompute(spark, cfg, out: Path) -> dict:
     events = silver.dropDuplicates(["event_id"]).withColumn(ARRIVAL, F.lit(0)).persist()
     newest = events.agg(F.max("event_time")).first()[0]
     watermark_ms = int(newest.timestamp() * 1000 - cfg.gold.watermark.seconds * 1000) if newest else 0
-    for spec in TABLES:
+    for spec in gold_tables(profile):
         write(expected_table(spec, cfg, events, watermark_ms), f"gold/{spec.table}")
     events.unpersist()
     timings["gold_s"] = time.monotonic() - t
     return {k: round(v, 2) for k, v in timings.items()}
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench.recompute", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for the recomputed tables")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config()
     if not cfg.landing.is_dir():
-        print(f"error: landing folder {cfg.landing} does not exist", file=sys.stderr)
-        return 2
+        raise JobError(f"landing folder {cfg.landing} does not exist")
     spark = build_spark(cfg, "bench-recompute")
     try:
         print("RECOMPUTE " + json.dumps(recompute(spark, cfg, args.out)), flush=True)

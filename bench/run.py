@@ -36,6 +36,7 @@ from pathlib import Path
 from bench import summary
 from bench.contention import OtherCpu
 from bench.latency import file_latencies, summarize
+from common.errors import LakehouseError
 from common.log import message_of, parseable_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
 SPAN = "6 hours"
 
 
-class BenchError(RuntimeError):
+class BenchError(LakehouseError, RuntimeError):
     pass
 
 

@@ -29,6 +29,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common.errors import JobError, command
+
 MB = 1024 * 1024
 STARTUP_TIMEOUT_S = 300
 # The clock starts once every query has committed a batch that read rows (JVM start-up, the
@@ -80,7 +82,7 @@ KINDS: dict[str, tuple[str, str, float | None]] = {
 RETENTION_BOUND = {"disk_files", "log_read_bytes"}
 
 
-class UsageError(ValueError):
+class UsageError(JobError, ValueError):
     pass
 
 
@@ -679,12 +681,9 @@ def progress_line(k: int, n: int, s: dict) -> str:
             f"ckpt {fmt(s['checkpoints']['total']['checkpoint_bytes'], 'bytes')}  sampled in {sum(s['took_s'].values()):.1f} s")
 
 
+@command
 def main(argv=None, prog: str = "python -m bench.soak") -> int:
-    try:
-        args, env, cfg = settings(argv, prog)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args, env, cfg = settings(argv, prog)
     return run(args, env, cfg)
 
 

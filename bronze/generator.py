@@ -23,6 +23,7 @@ from time import gmtime, strftime, time
 from typing import NamedTuple
 
 from bronze import activity, session_stats
+from common.errors import JobError
 from common.config import ConfigError, load_config, parse_duration
 from common.log import configure, fields
 from common.storage import Location, write_atomic
@@ -89,7 +90,7 @@ class Batch:
         return session_stats.summary(self.event_times, gap_s)
 
 
-class SinkError(RuntimeError):
+class SinkError(JobError):
     """The output could not be delivered."""
 
 

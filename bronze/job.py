@@ -14,7 +14,8 @@ from pyspark.errors import StreamingQueryException
 from common.accounting import executed_batches
 from common.delta import ensure_table
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
-from common.streaming import JobError, trigger
+from common.errors import JobError, caused_by
+from common.streaming import trigger
 from pipeline.flow import Flow, Layer, Recovery
 
 log = logging.getLogger(__name__)
@@ -108,25 +109,20 @@ def _kafka_replay_metrics_npe(error: StreamingQueryException) -> bool:
     metrics for the first batch after a restart when that batch is replayed from the offset log
     (a crash mid-batch): the latest offsets it reports against were never fetched. It fails
     after the replayed batch has committed, so starting the query again carries on normally."""
-    trace = _trace(error)
-    return "NullPointerException" in trace and "KafkaMicroBatchStream" in trace
-
-
-def _trace(error: StreamingQueryException) -> str:
-    """The message and the JVM stack trace: the Kafka cause is often only in the latter."""
-    return f"{error}\n{getattr(error, '_stackTrace', '') or ''}"
-
-
-# Kafka client errors of an unreachable broker: on the driver (offset fetch via the admin client)
-# and on executors (a fetch that could not complete).
-_BROKER_DOWN = ("org.apache.kafka.common.errors.TimeoutException",
-                "org.apache.kafka.common.errors.DisconnectException",
-                "org.apache.kafka.common.errors.NetworkException", "Cannot fetch record for offset")
+    return caused_by(error, "java.lang.NullPointerException",
+                     raised_in="org.apache.spark.sql.kafka010.KafkaMicroBatchStream")
 
 
 def _broker_unreachable(error: StreamingQueryException) -> bool:
-    trace = _trace(error)
-    return any(name in trace for name in _BROKER_DOWN)
+    """The Kafka client's errors of an unreachable broker, on the driver (offset fetch through
+    the admin client: retriable timeouts, disconnects, network errors) or on an executor (the
+    connector's own timeout of a fetch that could not complete)."""
+    return (any(caused_by(error, f"org.apache.kafka.common.errors.{name}") for name in _BROKER_DOWN)
+            or caused_by(error, "java.util.concurrent.TimeoutException",
+                         raised_in="org.apache.spark.sql.kafka010"))
+
+
+_BROKER_DOWN = ("TimeoutException", "DisconnectException", "NetworkException")
 
 
 class KafkaRecovery(Recovery):

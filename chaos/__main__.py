@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.config import ConfigError, load_config
-from common.storage import StorageError
+from common.config import load_config
+from common.errors import JobError, command
 
 
 def _positive(text: str) -> int:
@@ -34,6 +34,7 @@ def _positive(text: str) -> int:
     return v
 
 
+@command
 def main(argv=None, prog: str = "chaos") -> int:
     from chaos.run import Settings
 
@@ -64,15 +65,10 @@ def main(argv=None, prog: str = "chaos") -> int:
 
     root = args.root or str((Path(tempfile.mkdtemp(prefix="chaos-")) / "lakehouse").resolve())
     env = job_env(root, s)
-    try:
-        cfg = load_config(env=env)   # an s3a:// root needs the config's object store to be read
-        root = cfg.root
-        if root.exists() and any(root.iterdir()):
-            print(f"error: {root} is not empty; chaos needs a fresh lakehouse root", file=sys.stderr)
-            return 2
-    except (ConfigError, StorageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(env=env)   # an s3a:// root needs the config's object store to be read
+    root = cfg.root
+    if root.exists() and any(root.iterdir()):
+        raise JobError(f"{root} is not empty; chaos needs a fresh lakehouse root")
     logs = args.logs or (root.parent / f"{root.name}-chaos-logs" if isinstance(root, Path)
                          else Path(tempfile.mkdtemp(prefix="chaos-logs-")))
     summary = run(cfg, root, s, env, logs)

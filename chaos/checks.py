@@ -93,13 +93,13 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
     # A no-data batch (watermark only) read no row, so it dropped none and may have no row.
     from common.lineage import read_nothing
 
-    from gold.tables import TABLES as GOLD
+    from gold.tables import gold_tables
 
     booked = {}
     for r in read("ops", "batch_accounting").select("query", "batch_id").collect():
         booked.setdefault(r.query, set()).add(r.batch_id)
     unbooked = {}
-    for query in ["silver", *(t.query for t in GOLD)]:
+    for query in ["silver", *(t.query for t in gold_tables(cfg.profile))]:
         commits = location(cfg.checkpoint(query)) / "commits"
         done = {int(f.name) for f in commits.iterdir() if f.name.isdigit()} if commits.is_dir() else set()
         done = {b for b in done if not read_nothing(cfg.checkpoint(query), b)}

@@ -16,6 +16,7 @@ import json
 import time
 from datetime import datetime, timezone
 
+from common.errors import LakehouseError
 from common.config import Config
 from common.delta import ensure_table, idempotent_append, local_frame
 from common.lineage import checkpoint_query_id
@@ -24,7 +25,7 @@ from common.schemas import BATCH_ACCOUNTING
 _STATE_WRITER = "org.apache.spark.sql.execution.streaming.operators.stateful.StateStoreWriter"
 
 
-class AccountingError(RuntimeError):
+class AccountingError(LakehouseError, RuntimeError):
     """The running batch's execution could not be read; the batch fails instead of committing
     without its accounting row."""
 

@@ -24,7 +24,7 @@ import uuid
 from common.config import Config
 from common.log import fields
 from common.storage import ObjectPath, location
-from common.streaming import JobError
+from common.errors import JobError
 
 # Lease messages are logged as they happen, each line flushed (common.log): when a job is killed
 # with -9 right after, its log must still say whose lease it waited for.

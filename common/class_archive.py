@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.errors import LakehouseError
 from common.config import REPO_ROOT
 from common.log import configure
 
@@ -99,7 +100,7 @@ def _train(target: Path) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-class ArchiveError(RuntimeError):
+class ArchiveError(LakehouseError, RuntimeError):
     pass
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common import storage
+from common.errors import JobError
 from common.profile import (Profile, ProfileError, deep_merge, env_profile, expand, parse_profile,
                             profiles_dir, read_profile, split_profile, yaml_mapping)
 
@@ -48,7 +49,7 @@ ENV_ALIASES = {
 ENV_PREFIX = "LAKEHOUSE__"
 
 
-class ConfigError(ValueError):
+class ConfigError(JobError, ValueError):
     """A configuration value is missing, unknown or malformed."""
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from common.errors import JobError
 from common.config import REPO_ROOT
 
 JAR_CACHE = REPO_ROOT / ".cache" / "jars"
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
 
-class MissingJarsError(RuntimeError):
+class MissingJarsError(JobError):
     pass
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+from common.errors import JobError
 
-class BrokerError(RuntimeError):
-    pass
+
+class BrokerError(JobError):
+    """No Kafka broker answered at the configured address."""
 
 
 def wait_for_kafka(bootstrap: str, timeout: float) -> None:
@@ -31,6 +33,7 @@ def wait_for_kafka(bootstrap: str, timeout: float) -> None:
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int, compacted: bool = False,
                  timeout: float = 30.0) -> None:
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -40,6 +43,6 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, compacted: bool = 
     futures = admin.create_topics([NewTopic(topic, partitions, 1, config=config)])
     try:
         futures[topic].result(timeout)
-    except Exception as e:  # a concurrent creator may have won the race
-        if "TOPIC_ALREADY_EXISTS" not in str(e):
+    except KafkaException as e:  # a concurrent creator may have won the race
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise

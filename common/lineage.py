@@ -14,7 +14,10 @@ import json
 
 from common.storage import location
 
-PIPELINE = "nest-lakehouse"
+# Marks the commits this pipeline made, whatever the feed. Tables written before the mark was
+# renamed carry "nest-lakehouse": their lineage is read the same.
+PIPELINE = "lakehouse"
+_MARKS = (PIPELINE, "nest-lakehouse")
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 # Delta source offsets (DeltaSourceOffset): index -1 (and the metadata-change markers below it)
@@ -113,4 +116,4 @@ def parse(user_metadata: str | None) -> dict | None:
         value = json.loads(user_metadata)
     except ValueError:
         return None
-    return value if isinstance(value, dict) and value.get("pipeline") == PIPELINE else None
+    return value if isinstance(value, dict) and value.get("pipeline") in _MARKS else None

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from common.errors import JobError
+
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Top-level packages whose loggers follow --log-level (module loggers are named by module).
 PACKAGES = ("common", "pipeline", "bronze", "silver", "gold", "audit", "chaos", "bench", "console")
@@ -36,7 +38,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 _handler: logging.Handler | None = None
 
 
-class LogConfigError(ValueError):
+class LogConfigError(JobError, ValueError):
     pass
 
 

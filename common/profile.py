@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from common.errors import JobError
+
 DEFAULT_PROFILE = "nest"
 PROFILE_KEYS = ("description", "source", "parse", "dimension", "silver_table", "aggregations",
                 "sessions")
@@ -29,7 +31,7 @@ RESERVED = {"raw", "parsed", "reasons", "event_id", "event_time", "event_date", 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class ProfileError(ValueError):
+class ProfileError(JobError, ValueError):
     """A profile file is missing or declares something the pipeline cannot run."""
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from common.errors import DataQualityError, GateError, JobError
+
 # GX would otherwise try to send usage analytics: jobs must not touch the network.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
@@ -23,32 +25,8 @@ SAMPLE_ROWS = 5
 SAMPLE_CHARS = 200      # of one sampled value in result_json: a bad value may be a whole line
 
 
-class SuiteError(ValueError):
+class SuiteError(JobError, ValueError):
     """A suite file is malformed; the message names the file and the entry."""
-
-
-class DataQualityError(RuntimeError):
-    """An expectation with policy `fail` did not pass. Carries the query, the batch and the
-    failed expectations, so the runner can name them without reading the message."""
-
-    def __init__(self, message: str, query: str = "", batch_id: int | None = None,
-                 expectations: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.query, self.batch_id, self.expectations = query, batch_id, expectations
-
-    def summary(self) -> str:
-        names = ", ".join(f"'{e}'" for e in self.expectations)
-        return f"expectation {names} failed in batch {self.batch_id} (policy fail)"
-
-
-# The foreachBatch body runs inside Spark, which hands the runner only a StreamingQueryException
-# built from the Python traceback text. The typed error is kept here, by query, for the runner.
-_FAILED: dict[str, DataQualityError] = {}
-
-
-def take_failure(query: str, peek: bool = False) -> DataQualityError | None:
-    """The `fail` expectation error a query's batch raised, if any (removed unless peek)."""
-    return _FAILED.get(query) if peek else _FAILED.pop(query, None)
 
 
 @dataclass(frozen=True)
@@ -223,8 +201,8 @@ class QualityGate:
         for rule in self.suite.rules:
             r = found[rule.name]
             if r.exception_info and r.exception_info.get("raised_exception"):
-                raise DataQualityError(f"expectation '{rule.name}' ({rule.expectation}) could not be "
-                                       f"evaluated: {r.exception_info.get('exception_message')}")
+                raise GateError(f"expectation '{rule.name}' ({rule.expectation}) could not be "
+                                f"evaluated: {r.exception_info.get('exception_message')}")
             if rule not in detail:
                 outcomes.append(Outcome(rule=rule, success=True, element_count=rows, unexpected_count=0,
                                         observed_value=None, gx_result=r))
@@ -276,7 +254,7 @@ def _match(results, rule: Rule):
         kwargs = r.expectation_config.kwargs
         if all(kwargs.get(k) == v for k, v in rule.kwargs.items()):
             return r
-    raise DataQualityError(f"no GX result for expectation '{rule.name}'")
+    raise GateError(f"no GX result for expectation '{rule.name}'")
 
 
 def failures(outcomes: list[Outcome]) -> list[Outcome]:
@@ -293,9 +271,8 @@ def raise_on_failures(outcomes: list[Outcome], query: str, batch_id: int, table:
                          f"sample: {json.dumps(o.sample, default=str)}")
         lines.append("  the batch was not committed; fix the data or the rule in the suite, then "
                      "restart the job: it resumes from this batch.")
-        error = DataQualityError("\n".join(lines), query, batch_id, tuple(o.rule.name for o in failed))
-        _FAILED[query] = error
-        raise error
+        raise DataQualityError("\n".join(lines), query, batch_id, table,
+                               tuple(o.rule.name for o in failed), {o.rule.name: o.sample for o in failed})
 
 
 def dq_rows(outcomes: list[Outcome], query: str, batch_id: int, table: str, suite: str):

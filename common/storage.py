@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Union
 
+from common.errors import JobError
+
 SCHEME = "s3a://"
 UNSUPPORTED = ("s3://", "s3n://", "gs://", "abfs://", "abfss://", "hdfs://", "file://")
 
 
-class StorageError(RuntimeError):
+class StorageError(JobError):
     """A path the lakehouse cannot use, or an object store it cannot reach."""
 
 

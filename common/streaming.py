@@ -1,15 +1,10 @@
-"""What every layer's queries share: triggers, stopping between micro-batches, errors the user
-can fix. (Checkpoint locks: common.checkpoint_lock.)"""
+"""What every layer's queries share: triggers and stopping between micro-batches.
+(Checkpoint locks: common.checkpoint_lock; errors: common.errors.)"""
 from __future__ import annotations
 
-import sys
 import time
 
 from common.config import Config
-
-
-class JobError(RuntimeError):
-    """A problem the user can fix (missing input, unreachable broker...): printed, exit code 2."""
 
 
 def trigger(cfg: Config, layer: str | None = None) -> dict:
@@ -47,18 +42,3 @@ def stop_between_batches(query, timeout: float = 600) -> None:
 def _progress_mark(query):
     progress = query.lastProgress
     return None if progress is None else (progress["runId"], progress["batchId"], progress["timestamp"])
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return code
-
-
-def failure_message(e: Exception) -> str:
-    """The useful part of a failed query's exception: our own message, not the JVM trace."""
-    text = str(e)
-    marker = "quality gate failed"
-    if marker in text:
-        text = text[text.index(marker):]
-        return text.split("\n\tat ")[0].split("JVM stacktrace")[0].split("\nTraceback")[0].rstrip()
-    return text.split("\n\tat ")[0]

@@ -23,11 +23,11 @@ from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.storage import is_delta_table
-from common.streaming import JobError, trigger
+from common.errors import JobError
+from common.streaming import trigger
 from pipeline.flow import Flow, Layer
 from gold import transform as T
 from gold.tables import GoldTable, for_config
-from gold.tables import TABLES  # noqa: F401  (nest's tables, for callers that import them here)
 
 
 def output_schema(spark, cfg, spec: GoldTable, silver_schema):

@@ -61,13 +61,3 @@ def for_config(cfg) -> tuple[GoldTable, ...]:
 
 def by_table(cfg) -> dict[str, GoldTable]:
     return {t.table: t for t in for_config(cfg)}
-
-
-def __getattr__(name: str):
-    # The nest profile's tables as module constants (what callers used before profiles).
-    if name in ("TABLES", "BY_TABLE"):
-        from silver.transform import default_profile
-
-        tables = gold_tables(default_profile())
-        return tables if name == "TABLES" else {t.table: t for t in tables}
-    raise AttributeError(name)

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from common.errors import JobError, command
 from common.delta import (CONFLICT_RETRIES, conflicts, live_files, retention_properties, retry_on_conflict,
                           table_properties)
 from common.storage import location, walk_files
@@ -103,12 +104,14 @@ def _vacuum(spark, path: str, mode: str) -> str:
     VACUUM: once log cleanup has passed them Delta refuses it, and a FULL one runs instead."""
     from pyspark.errors import PySparkException
 
+    from common.errors import spark_condition
+
     if mode == "lite":
         try:
             spark.sql(f"VACUUM delta.`{path}` LITE")
             return "lite"
         except PySparkException as e:
-            if "VACUUM_LITE" not in str(e):
+            if spark_condition(e) != "DELTA_CANNOT_VACUUM_LITE":
                 raise
     spark.sql(f"VACUUM delta.`{path}` FULL")
     return "full"
@@ -146,8 +149,9 @@ def summary(results: list[Maintained], seconds: float) -> str:
             + (f"; busy, skipped: {', '.join(busy)}" if busy else ""))
 
 
+@command
 def main(argv=None, prog: str = "make maintain") -> int:
-    from common.config import ConfigError, load_config
+    from common.config import load_config
 
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,28 +162,22 @@ def main(argv=None, prog: str = "make maintain") -> int:
                         "the default FULL also removes files a killed batch left behind")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = p.parse_args(argv)
-    try:
-        cfg = load_config()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config()
     from common.checkpoint_lock import live_leases
 
     running = live_leases(cfg)
     if running:
         # Delta's S3 log store allows one writing driver per table (README, Object storage).
-        print(f"error: a pipeline holds checkpoints under {cfg.checkpoint_root}: {', '.join(running)}. On object "
-              f"storage only that process may write its tables (it runs maintenance itself in processing-time "
-              f"mode); stop it before `make maintain`, or configure Delta's DynamoDB log store", file=sys.stderr)
-        return 2
+        raise JobError(f"a pipeline holds checkpoints under {cfg.checkpoint_root}: {', '.join(running)}. On object "
+                       f"storage only that process may write its tables (it runs maintenance itself in processing-time "
+                       f"mode); stop it before `make maintain`, or configure Delta's DynamoDB log store")
     chosen = tables_of(cfg)
     if args.table:
         known = {f"{l}.{t}" for l, t, _ in chosen}
         missing = [t for t in args.table if t not in known]
         if missing:
-            print(f"error: no such table under {cfg.root}: {', '.join(missing)} "
-                  f"(existing: {', '.join(sorted(known)) or 'none'})", file=sys.stderr)
-            return 2
+            raise JobError(f"no such table under {cfg.root}: {', '.join(missing)} "
+                           f"(existing: {', '.join(sorted(known)) or 'none'})")
         chosen = [t for t in chosen if f"{t[0]}.{t[1]}" in args.table]
     if not chosen:
         print(f"nothing to maintain: no table under {cfg.root}")

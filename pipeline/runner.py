@@ -15,7 +15,6 @@ Failure policy, per flow:
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -42,11 +41,12 @@ class FlowRun:
         return self.stop.is_set() or self.stop_all.is_set()
 
     def _run(self) -> None:
-        from common.quality import take_failure
+        from common.errors import DataQualityError, take_failure
         from common.streaming import stop_between_batches
 
         try:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.flow.layer)
+            take_failure(self.flow.name)           # none left over from an earlier run in this process
             self.query = self.flow.start(self.spark)
             recovery = self.flow.recovery() if self.flow.recovery else None
             while True:
@@ -58,7 +58,8 @@ class FlowRun:
                     self.query.awaitTermination()      # raises if it failed
                     return
                 except Exception as e:
-                    if recovery is None or self._stopping() or take_failure(self.flow.name, peek=True):
+                    if (recovery is None or self._stopping()
+                            or isinstance(take_failure(self.flow.name, peek=True), DataQualityError)):
                         raise
                     self.query = recovery.resume(self.spark, e, self.query, self)
                     if self.query is None:
@@ -84,7 +85,7 @@ class Maintainer:
         self.thread = threading.Thread(target=self._run, name="maintenance", daemon=True)
 
     def _run(self) -> None:
-        from common.streaming import failure_message
+        from common.errors import describe
         from pipeline.maintenance import maintain, summary, tables_of
 
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "maintenance")
@@ -105,7 +106,7 @@ class Maintainer:
                     event="maintenance", tables=len(results), seconds=round(took, 2),
                     compacted=sum(r.compacted for r in results), vacuum=bool(vacuum)))
             except Exception as e:   # noqa: BLE001 - the queries go on; the next round tries again
-                log.warning(f"maintenance failed, next try in {interval}: {failure_message(e)}")
+                log.warning(f"maintenance failed, next try in {interval}: {describe(e)}")
 
 
 def downstream(layers: list[Layer], name: str) -> set[str]:
@@ -143,7 +144,7 @@ class Runner:
     # --- the run ---
     def run(self) -> int:
         from common.checkpoint_lock import CheckpointLocks
-        from common.streaming import JobError
+        from common.errors import JobError
 
         try:
             selected = {layer.name for layer in self.layers}
@@ -153,7 +154,7 @@ class Runner:
                 return self._run_locked()
         except JobError as e:
             log.error(str(e))
-            return 2
+            return e.exit_code
 
     def _run_locked(self) -> int:
         from common.progress import ProgressRecorder
@@ -227,7 +228,7 @@ class Runner:
 
     def _supervise(self, runs: list[FlowRun], done: queue.Queue) -> None:
         """Wait for every flow's thread; apply the failure policy as flows end."""
-        from common.quality import take_failure
+        from common.errors import DataQualityError, QueryFailed, exit_code, take_failure
 
         layer_of = {run.flow.name: run.flow.layer for run in runs}
         left = len(runs)
@@ -243,8 +244,9 @@ class Runner:
                     self.failures.append((f"query {name} stopped on its own", 1))
                     self.stop_all.set()
                 continue
-            quality = take_failure(name)
-            if quality is not None:
+            typed = take_failure(name)
+            if isinstance(typed, DataQualityError):
+                quality = typed
                 hit = downstream(self.layers, layer_of[name])
                 stopped = ", ".join(layer for layer in ORDER if layer in hit)
                 self.failures.append((f"{quality}\n  stopped: {stopped} ({quality.summary()})", 1))
@@ -252,26 +254,9 @@ class Runner:
                     if other.flow.layer in hit:
                         other.stop.set()
             else:
-                self.failures.append((f"query {name} failed: {_describe(run.error)}", _code(run.error)))
+                # The batch's own typed error if it raised one; else the query's (Spark's) error.
+                error = typed or run.error
+                self.failures.append((str(QueryFailed(name, error)), exit_code(error)))
                 self.stop_all.set()
         for run in runs:
             run.thread.join()
-
-
-def _code(error: BaseException) -> int:
-    """2: something the user can fix (an unreachable broker given up on); 1: a query failed."""
-    from common.streaming import JobError
-
-    return 2 if isinstance(error, JobError) else 1
-
-
-def _describe(error: BaseException) -> str:
-    from common.streaming import JobError, failure_message
-
-    if isinstance(error, JobError):
-        return str(error)
-    if os.environ.get("LAKEHOUSE_DEBUG"):
-        import traceback
-
-        return "".join(traceback.format_exception(error))
-    return failure_message(error)

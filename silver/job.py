@@ -20,7 +20,8 @@ from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.storage import is_delta_table
-from common.streaming import JobError, trigger
+from common.errors import JobError
+from common.streaming import trigger
 from pipeline.flow import Flow, Layer
 from silver import transform as T
 from silver.locations import ensure_seeded
@@ -29,9 +30,8 @@ QUERY = "silver"
 METRICS = "silver_input"
 
 
-def output_schemas(spark, cfg=None):
+def output_schemas(spark, profile):
     """Table schemas, derived by running the transforms on an empty bronze batch."""
-    profile = cfg.profile if cfg is not None else T.default_profile()
     empty = spark.createDataFrame([], BRONZE_EVENTS)
     parsed = T.parse_events(empty, T.datetime(2000, 1, 1), 0, profile)
     dim = profile.dimension
@@ -42,7 +42,7 @@ def output_schemas(spark, cfg=None):
 
 
 def ensure_tables(spark, cfg) -> None:
-    silver_schema, quarantine_schema = output_schemas(spark, cfg)
+    silver_schema, quarantine_schema = output_schemas(spark, cfg.profile)
     # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
     # kept through OPTIMIZE): the audit uses it to tell which gold micro-batch read each event.
     partition = [cfg.profile.partition] if cfg.profile.partition else []

@@ -9,12 +9,12 @@ import argparse
 import logging
 import sys
 
-from common.config import ConfigError, load_config
+from common.config import load_config
 from common.delta import ensure_table
+from common.errors import JobError, command
 from common.lineage import PIPELINE, to_user_metadata
 from common.log import configure, fields
 from common.storage import is_delta_table, location
-from common.streaming import JobError, fail
 
 log = logging.getLogger(__spec__.name)   # not "__main__" under python -m silver.locations
 
@@ -58,6 +58,7 @@ def ensure_seeded(spark, cfg) -> str:
     return table
 
 
+@command
 def main(argv=None, prog: str = "silver.locations") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,17 +66,12 @@ def main(argv=None, prog: str = "silver.locations") -> int:
                                       "(default: $REFERENCE_DIR/device_locations.csv)")
     args = parser.parse_args(argv)
     configure()
-    try:
-        cfg = load_config()
-    except ConfigError as e:
-        return fail(str(e))
+    cfg = load_config()
     from common.spark import build_spark
 
     spark = build_spark(cfg, "seed-locations")
     try:
         n = seed(spark, cfg, location(args.csv) if args.csv else None)
-    except JobError as e:
-        return fail(str(e))
     finally:
         spark.stop()
     log.info(f"silver.{cfg.profile.dimension.table}: {n} rows",

@@ -9,7 +9,6 @@ Reading text and casting here lets every problem get its own reason code.
 from __future__ import annotations
 
 from datetime import datetime
-from functools import lru_cache
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -18,14 +17,6 @@ from pyspark.sql.types import ArrayType, MapType, StringType, StructField, Struc
 from common.profile import Profile
 
 CORRUPT = "_corrupt_record"
-
-
-@lru_cache(maxsize=1)
-def default_profile() -> Profile:
-    """The nest profile, for callers that pass none (the tests of the Nest transforms)."""
-    from common.config import load_config
-
-    return load_config(env={}).profile
 
 
 def raw_schema(profile: Profile) -> StructType:
@@ -98,15 +89,6 @@ def _reasons(*candidates: Column) -> Column:
     return F.filter(F.array(*candidates), lambda c: c.isNotNull())
 
 
-def __getattr__(name: str):
-    # The nest profile's column lists, as module constants (what callers used before profiles).
-    if name == "PARSED_COLUMNS":
-        return parsed_columns(default_profile())
-    if name == "EVENT_COLUMNS":
-        return event_columns(default_profile())
-    raise AttributeError(name)
-
-
 def _at(column: Column, path: tuple[str, ...]) -> Column:
     for part in path:
         column = column.getField(part)
@@ -117,9 +99,8 @@ def _elements_name(profile: Profile) -> str:
     return profile.explode_path[-1] if profile.explode_path else "record"
 
 
-def parse_records(bronze: DataFrame, profile: Profile | None = None) -> DataFrame:
+def parse_records(bronze: DataFrame, profile: Profile) -> DataFrame:
     """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`."""
-    profile = profile or default_profile()
     # A UTF-8 BOM (first line of a file saved by some Windows tools) is not JSON; bronze keeps it,
     # the parser skips it.
     text = F.regexp_replace("raw", "^\ufeff", "")
@@ -213,12 +194,11 @@ def _typed(text: Column, field) -> Column:
 
 
 def explode_events(records: DataFrame, min_event_time: datetime, max_future_seconds: float,
-                   profile: Profile | None = None) -> DataFrame:
+                   profile: Profile) -> DataFrame:
     """Records -> one row per element (a map entry, an array item, or the record itself),
     flattened and typed, with event-level reasons. A record that did not parse stays one row
     (fields NULL) with its record-level reasons; doing both in one pass reads the source once
     (a union of two branches would scan it twice)."""
-    profile = profile or default_profile()
     idx = profile.index
     elements = _at(F.col("j"), profile.explode_path) if profile.explode_path else F.array(F.col("j"))
     is_map = False
@@ -289,7 +269,7 @@ def _event_id(profile: Profile) -> Column:
 
 
 def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds: float,
-                 profile: Profile | None = None) -> DataFrame:
+                 profile: Profile) -> DataFrame:
     """bronze.events rows -> events (reasons empty) and rejects (reasons set), one DataFrame."""
     return explode_events(parse_records(bronze, profile), min_event_time, max_future_seconds, profile)
 
@@ -302,7 +282,7 @@ def rejected(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.size("reasons") > 0)
 
 
-def deduplicate(parsed: DataFrame, delay: str, profile: Profile | None = None) -> DataFrame:
+def deduplicate(parsed: DataFrame, delay: str, profile: Profile) -> DataFrame:
     """Drop repeats of an event_id seen within `delay` of event time.
 
     In a stream, RocksDB state carries the ids across micro-batches, and accepted events older
@@ -312,7 +292,6 @@ def deduplicate(parsed: DataFrame, delay: str, profile: Profile | None = None) -
     carries both and each batch's counts add up. A profile without a dedup key drops nothing:
     its event ids are bronze positions, unique by construction.
     """
-    profile = profile or default_profile()
     ok = F.size("reasons") == 0
     if not profile.dedup:
         if not parsed.isStreaming:
@@ -333,22 +312,22 @@ def deduplicate(parsed: DataFrame, delay: str, profile: Profile | None = None) -
             .dropDuplicatesWithinWatermark(["dedup_key"]).drop("dedup_key"))
 
 
-def input_metrics(parsed: DataFrame, profile: Profile | None = None) -> list[Column]:
+def input_metrics(parsed: DataFrame, profile: Profile) -> list[Column]:
     """Counts of a batch before dedup, in both units: each parsed record has exactly one row
     with element index 0; each unparsed record is one row with parsed = false."""
-    idx = (profile or default_profile()).index
+    idx = profile.index
     return [F.count(F.when(F.col(idx) == 0, 1)).alias("records_parsed"),
             F.count(F.when(~F.col("parsed"), 1)).alias("records_quarantined_unparsed"),
             F.count(F.when(F.col("parsed"), 1)).alias("events_parsed")]
 
 
-def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile | None = None) -> DataFrame:
+def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile) -> DataFrame:
     """Attach the dimension's columns (nest: zip/city/state by device_id); an event without a
     dimension row is kept with NULLs and its flag (nest: unknown_device) set.
 
     The flag comes from the join match, not from a NULL column, so a known key whose reference
     row lacks a value stays distinguishable (gold's quality gate checks exactly that)."""
-    dim = (profile or default_profile()).dimension
+    dim = profile.dimension
     if dim is None:
         return events
     loc = dimension.select(dim.key, *dim.columns, F.lit(True).alias("_known"))
@@ -356,7 +335,6 @@ def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile | N
             .withColumn(dim.flag, F.col("_known").isNull()).drop("_known"))
 
 
-join_locations = join_dimension
 
 
 # The latest event_time silver had read before the micro-batch that accepted the row (NULL in
@@ -378,10 +356,9 @@ def frontier_ms(watermark_ms: int, delay_seconds: float) -> int | None:
     return watermark_ms + int(round(delay_seconds * 1000)) if watermark_ms > 0 else None
 
 
-def to_silver(events: DataFrame, batch_id: int, profile: Profile | None = None,
+def to_silver(events: DataFrame, batch_id: int, profile: Profile,
               frontier: int | None = None) -> DataFrame:
     """`frontier`: the batch's FRONTIER in epoch ms (see frontier_ms)."""
-    profile = profile or default_profile()
     cols = silver_columns(profile)
     at = F.timestamp_millis(F.lit(frontier)) if frontier is not None else F.lit(None).cast("timestamp")
     return (events.withColumn("event_date", F.to_date("event_time"))
@@ -389,8 +366,7 @@ def to_silver(events: DataFrame, batch_id: int, profile: Profile | None = None,
             .withColumn(FRONTIER, at).select(*cols))
 
 
-def to_quarantine(rows: DataFrame, batch_id: int, profile: Profile | None = None) -> DataFrame:
-    profile = profile or default_profile()
+def to_quarantine(rows: DataFrame, batch_id: int, profile: Profile) -> DataFrame:
     return rows.select(
         "raw", "reasons", "event_id", *profile.quarantine_columns, *LINEAGE_COLUMNS,
         F.lit(batch_id).cast("long").alias("batch_id"),

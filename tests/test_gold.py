@@ -30,7 +30,8 @@ from common.quality import load_suites
 from common.lineage import batch_watermark_ms, parse, read_nothing
 from common.streaming import JobError
 from gold import sessions as S
-from gold.job import TABLES, GoldBatch, start
+from gold.job import GoldBatch, start
+from gold.tables import gold_tables
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 T0_MS = int(T0.timestamp() * 1000)
@@ -38,6 +39,8 @@ MIN = 60_000                       # one minute in ms
 HOUR = 60 * MIN
 GAP_MS = 30 * MIN                  # conf: gold.session_gap
 WATERMARK_MS = HOUR                # conf: gold.watermark
+NEST = load_config(env={}).profile   # these tests are about the default (nest) feed
+TABLES = gold_tables(NEST)
 SPEC = {t.key: t for t in TABLES}
 QUERY = {t.key: t.query for t in TABLES}
 SESSION_COLS = ["device_id", "session_start", "session_end", "events", "person_events", "motion_events"]
@@ -73,7 +76,7 @@ def silver_schema(spark):
     if "silver" not in _SCHEMA:
         from silver.job import output_schemas
 
-        _SCHEMA["silver"], _ = output_schemas(spark)
+        _SCHEMA["silver"], _ = output_schemas(spark, NEST)
     return _SCHEMA["silver"]
 
 

@@ -117,7 +117,7 @@ def event_id(spark, cfg, device_id: str, start: str, end: str) -> str:
     """The id silver gives an event, computed by the transform itself on a one-row batch."""
     raw = record(camera(device_id, start, end))
     df = spark.createDataFrame([bronze_row(raw, 1, "file:///x")], BRONZE_EVENTS)
-    return T.parse_events(df, cfg.silver.min_event_time, cfg.silver.max_future.seconds).first().event_id
+    return T.parse_events(df, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile).first().event_id
 
 
 def snapshot(spark, cfg) -> dict:
@@ -322,8 +322,8 @@ def test_a_retried_micro_batch_writes_nothing_twice(spark, stream, monkeypatch):
     body = SilverBatch(spark, cfg, suite, SimpleNamespace(record=lambda *_, **__: None))
     bronze = (spark.read.format("delta").option("versionAsOf", stream.bronze_version)
               .load(cfg.table_path("bronze", "events")))
-    batch = T.deduplicate(T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds),
-                          cfg.silver.dedup_watermark.spark())
+    batch = T.deduplicate(T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile),
+                          cfg.silver.dedup_watermark.spark(), cfg.profile)
     data_batch = min(stream.runs[0])
     body(batch, data_batch)
     body(batch, data_batch)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark.sql import functions as F
 
+from common.config import load_config
 from common.quality import SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS
 from silver import transform as T
@@ -51,17 +52,18 @@ def bronze_df(spark, raws, ingest: datetime = INGEST):
     return spark.createDataFrame([bronze_row(r, i + 1, ingest=ingest) for i, r in enumerate(raws)],
                                  BRONZE_EVENTS)
 
+# The transforms take the feed's profile; these tests are about the default (nest) one.
+NEST = load_config(env={}).profile
+
 
 @pytest.fixture(scope="module")
 def silver_conf():
-    from common.config import load_config
-
     return load_config(env={}).silver
 
 
 def parse(spark, silver_conf, raws, ingest: datetime = INGEST):
     bronze = raws if not isinstance(raws, list) else bronze_df(spark, raws, ingest)
-    return T.parse_events(bronze, silver_conf.min_event_time, silver_conf.max_future.seconds)
+    return T.parse_events(bronze, silver_conf.min_event_time, silver_conf.max_future.seconds, NEST)
 
 
 def millis(ts_column: str):
@@ -88,7 +90,7 @@ def test_a_record_with_three_cameras_gives_three_flat_typed_rows(spark, silver_c
         camera("cam-0003", "2026-11-01T10:02:00Z", "2026-11-01T10:02:07.25Z"),
     )
     parsed = parse(spark, silver_conf, [raw])
-    assert parsed.columns == T.PARSED_COLUMNS
+    assert parsed.columns == T.parsed_columns(NEST)
     types = dict(parsed.dtypes)
     assert types["start_time"] == types["end_time"] == types["event_time"] == "timestamp"
     assert types["has_person"] == types["is_online"] == "boolean"
@@ -248,8 +250,8 @@ def test_deduplicate_in_batch_mode_drops_repeated_event_ids_only(spark, silver_c
             record(camera("cam-0004", has_person="maybe"))]
     parsed = parse(spark, silver_conf, raws)
     assert T.accepted(parsed).count() == 5
-    deduped = T.deduplicate(parsed, silver_conf.dedup_watermark.spark())
-    assert deduped.columns == T.PARSED_COLUMNS
+    deduped = T.deduplicate(parsed, silver_conf.dedup_watermark.spark(), NEST)
+    assert deduped.columns == T.parsed_columns(NEST)
     good = T.accepted(deduped).collect()
     assert sorted(r.device_id for r in good) == ["cam-0001", "cam-0002", "cam-0003"]
     assert len({r.event_id for r in good}) == 3
@@ -266,7 +268,7 @@ def test_input_metrics_count_records_and_events(spark, silver_conf):
             "",
             json.dumps({"devices": {}})]
     parsed = parse(spark, silver_conf, raws)
-    m = parsed.select(*T.input_metrics(parsed)).first().asDict()
+    m = parsed.select(*T.input_metrics(parsed, NEST)).first().asDict()
     assert m == {"records_parsed": 2, "records_quarantined_unparsed": 3, "events_parsed": 4}
     assert m["records_parsed"] + m["records_quarantined_unparsed"] == len(raws)
 
@@ -282,7 +284,7 @@ def test_join_locations_keeps_unknown_devices_and_zip_codes_as_text(spark, cfg, 
     assert dict(locations.dtypes)["zip_code"] == "string"
 
     parsed = parse(spark, silver_conf, [record(camera("cam-0001"), camera("cam-x001"), camera("cam-0003"))])
-    joined = T.join_locations(T.accepted(parsed), locations)
+    joined = T.join_dimension(T.accepted(parsed), locations, NEST)
     rows = {r.device_id: r for r in joined.collect()}
     assert sorted(rows) == ["cam-0001", "cam-0003", "cam-x001"]
     known, unknown = rows["cam-0001"], rows["cam-x001"]
@@ -292,7 +294,7 @@ def test_join_locations_keeps_unknown_devices_and_zip_codes_as_text(spark, cfg, 
     assert (rows["cam-0003"].zip_code, rows["cam-0003"].city, rows["cam-0003"].unknown_device) == \
         (None, "Springfield", False)
 
-    silver = T.to_silver(joined, 42)
+    silver = T.to_silver(joined, 42, NEST)
     types = dict(silver.dtypes)
     assert types["zip_code"] == "string" and types["event_date"] == "date"
     out = {r.device_id: r for r in silver.collect()}
@@ -302,7 +304,7 @@ def test_join_locations_keeps_unknown_devices_and_zip_codes_as_text(spark, cfg, 
 
 def test_to_quarantine_carries_reasons_and_lineage(spark, silver_conf):
     parsed = parse(spark, silver_conf, ["{oops", record(camera("cam-0005", start="later"))])
-    q = {r.bronze_line_number: r for r in T.to_quarantine(T.rejected(parsed), 3).collect()}
+    q = {r.bronze_line_number: r for r in T.to_quarantine(T.rejected(parsed), 3, NEST).collect()}
     assert q[1].reasons == ["malformed_json"] and q[1].event_id is None and q[1].raw == "{oops"
     assert q[2].reasons == ["bad_timestamp:start_time"] and q[2].device_id == "cam-0005"
     assert all(r.batch_id == 3 and r.bronze_file_path == FILE and r.quarantined_at for r in q.values())

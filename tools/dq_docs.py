@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common.config import ConfigError, load_config
-from common.storage import StorageError, is_delta_table, parse, walk_files, write_atomic
+from common.config import load_config
+from common.errors import JobError, LakehouseError, command
+from common.storage import is_delta_table, parse, walk_files, write_atomic
 
 # Imported for its side effect first: it turns GX's usage statistics off before GX loads.
 import common.quality  # noqa: E402,F401
@@ -33,11 +34,11 @@ DEFAULT_LAST = 20
 NO_RESULTS = "no recorded quality results in {path}: run the pipeline first (make run-all)"
 
 
-class NoResults(RuntimeError):
+class NoResults(JobError):
     """ops.dq_results is missing, empty, or holds nothing the filters select."""
 
 
-class RenderError(RuntimeError):
+class RenderError(LakehouseError, RuntimeError):
     """Great Expectations could not render a page (it prints why and carries on)."""
 
 
@@ -236,6 +237,7 @@ def publish(site: Path, target) -> None:
             (target / rel).unlink(missing_ok=True)
 
 
+@command
 def main(argv=None, prog: str = "python -m tools.dq_docs", *, spark=None, cfg=None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -247,13 +249,9 @@ def main(argv=None, prog: str = "python -m tools.dq_docs", *, spark=None, cfg=No
     args = parser.parse_args(argv)
     if args.last < 0:
         parser.error("--last must be 0 (all) or more")
-    try:
-        cfg = cfg or load_config()
-        target = parse(args.out or str(cfg.paths.reports), store=cfg.store)
-        target = target if args.out else target / "dq-docs"
-    except (ConfigError, StorageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = cfg or load_config()
+    target = parse(args.out or str(cfg.paths.reports), store=cfg.store)
+    target = target if args.out else target / "dq-docs"
     from common.spark import session
 
     try:

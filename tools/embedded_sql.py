@@ -17,6 +17,7 @@ import os
 from datetime import datetime, timezone
 
 from common.config import Config
+from common.errors import JobError
 
 
 class Unsupported(Exception):
@@ -24,7 +25,7 @@ class Unsupported(Exception):
     a table protocol delta-rs cannot read)."""
 
 
-class QueryError(Exception):
+class QueryError(JobError):
     """A statement no engine can run: an unknown table, a version the table does not have."""
 
 

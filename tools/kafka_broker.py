@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 import subprocess
 import sys
 import time
@@ -15,7 +14,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import ConfigError, load_config
+from common.config import load_config
+from common.errors import command
 from common.jars import kafka_broker_classpath
 from common.kafka import BrokerError, ensure_topic, wait_for_kafka  # noqa: F401 (tools and tests use them from here too)
 from tools.processes import live_pid, port_open, terminate
@@ -135,31 +135,28 @@ def broker_from_config(cfg) -> Broker:
                   controller_port=cfg.kafka.controller_port, heap=cfg.kafka.broker_heap)
 
 
+@command
 def main(argv: list[str] | None = None, prog: str = "kafka_broker") -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description="Run the local single-node KRaft Kafka broker (127.0.0.1).")
     parser.add_argument("action", choices=["up", "down", "status"])
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config()
-        broker = broker_from_config(cfg)
-        if args.action == "up":
-            broker.start(cfg.kafka.start_timeout.seconds)
-            for topic, compacted in ((cfg.kafka.topics.events, False), (cfg.kafka.topics.stats, True)):
-                ensure_topic(broker.bootstrap, topic, cfg.kafka.topic_partitions, compacted)
-            print(f"kafka up at {broker.bootstrap} (pid {broker.pid()}, data in {broker.data_dir})")
-        elif args.action == "down":
-            print("kafka stopped" if broker.stop() else "kafka was not running")
-        else:
-            pid = broker.pid()
-            if pid is None:
-                print(f"kafka down (no broker process for {broker.data_dir})")
-                return 1
-            wait_for_kafka(broker.bootstrap, 5)
-            print(f"kafka up at {broker.bootstrap} (pid {pid})")
-    except (ConfigError, BrokerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config()
+    broker = broker_from_config(cfg)
+    if args.action == "up":
+        broker.start(cfg.kafka.start_timeout.seconds)
+        for topic, compacted in ((cfg.kafka.topics.events, False), (cfg.kafka.topics.stats, True)):
+            ensure_topic(broker.bootstrap, topic, cfg.kafka.topic_partitions, compacted)
+        print(f"kafka up at {broker.bootstrap} (pid {broker.pid()}, data in {broker.data_dir})")
+    elif args.action == "down":
+        print("kafka stopped" if broker.stop() else "kafka was not running")
+    else:
+        pid = broker.pid()
+        if pid is None:
+            print(f"kafka down (no broker process for {broker.data_dir})")
+            return 1
+        wait_for_kafka(broker.bootstrap, 5)
+        print(f"kafka up at {broker.bootstrap} (pid {pid})")
     return 0
 
 

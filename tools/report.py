@@ -21,8 +21,9 @@ import matplotlib.dates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from common.config import ConfigError, load_config  # noqa: E402
-from common.storage import StorageError, is_delta_table, parse, write_atomic  # noqa: E402
+from common.config import load_config  # noqa: E402
+from common.errors import command  # noqa: E402
+from common.storage import is_delta_table, parse, write_atomic  # noqa: E402
 
 
 def _read(spark, cfg, layer: str, table: str):
@@ -158,21 +159,14 @@ def build_report(spark, cfg, out: Path) -> list[Path]:
     return charts + [out / "index.html"]
 
 
+@command
 def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.report") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="output folder (default: paths.reports)")
     args = parser.parse_args(argv)
-    try:
-        cfg = cfg or load_config()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        target = parse(args.out or cfg.paths.reports)
-    except StorageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = cfg or load_config()
+    target = parse(args.out or cfg.paths.reports)
     from common.spark import session
 
     with session(cfg, "report", spark) as spark, tempfile.TemporaryDirectory(prefix="report-") as tmp:

@@ -21,13 +21,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import ConfigError, load_config
+from common.config import load_config
+from common.errors import JobError, command
 from common.jars import s3proxy_jar
 from tools.processes import live_pid, port_open, terminate
 from common.storage import ObjectPath, Store, StorageError
 
 
-class S3ServerError(RuntimeError):
+class S3ServerError(JobError):
     pass
 
 
@@ -167,6 +168,7 @@ def server_from_config(cfg) -> S3Server:
     return S3Server(data_dir=data_dir, port=s.port, bucket=s.bucket, heap=s.heap)
 
 
+@command
 def main(argv: list[str] | None = None, prog: str = "s3_server") -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description="Run the local S3-compatible server (S3Proxy, 127.0.0.1).")
@@ -175,30 +177,26 @@ def main(argv: list[str] | None = None, prog: str = "s3_server") -> int:
     parser.add_argument("--prefix", default="nest",
                         help="env: the lakehouse root's prefix in the bucket (default nest)")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config()
-        server = server_from_config(cfg)
-        if args.action == "up":
-            server.start(cfg.object_store.server.start_timeout.seconds)
-            print(f"s3 up at {server.endpoint}, bucket {server.bucket} (pid {server.pid()}, "
-                  f"objects in {server.data_dir / 'objects'}); `eval $(make -s s3-env)` points a shell at it")
-        elif args.action == "down":
-            print("s3 stopped" if server.stop() else "s3 was not running")
-        elif args.action == "env":
-            server.load_credentials()
-            for k, v in {**server.env(), "LAKEHOUSE_ROOT": server.uri(args.prefix)}.items():
-                print(f"export {k}={v}")
-        else:
-            pid = server.pid()
-            if pid is None:
-                print(f"s3 down (no server process for {server.data_dir})")
-                return 1
-            server.load_credentials()
-            server.wait_ready(5)
-            print(f"s3 up at {server.endpoint}, bucket {server.bucket} (pid {pid})")
-    except (ConfigError, S3ServerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config()
+    server = server_from_config(cfg)
+    if args.action == "up":
+        server.start(cfg.object_store.server.start_timeout.seconds)
+        print(f"s3 up at {server.endpoint}, bucket {server.bucket} (pid {server.pid()}, "
+              f"objects in {server.data_dir / 'objects'}); `eval $(make -s s3-env)` points a shell at it")
+    elif args.action == "down":
+        print("s3 stopped" if server.stop() else "s3 was not running")
+    elif args.action == "env":
+        server.load_credentials()
+        for k, v in {**server.env(), "LAKEHOUSE_ROOT": server.uri(args.prefix)}.items():
+            print(f"export {k}={v}")
+    else:
+        pid = server.pid()
+        if pid is None:
+            print(f"s3 down (no server process for {server.data_dir})")
+            return 1
+        server.load_credentials()
+        server.wait_ready(5)
+        print(f"s3 up at {server.endpoint}, bucket {server.bucket} (pid {pid})")
     return 0
 
 

@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.config import ConfigError, load_config
-from common.streaming import fail
+from common.config import load_config
+from common.errors import JobError, command
 
 
 def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> str:
@@ -38,7 +38,7 @@ def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> 
 ENGINES = ("embedded", "spark")
 
 
-class StatementError(Exception):
+class StatementError(JobError):
     """A statement that failed: Spark's first line of why, or why it was not run at all."""
 
 
@@ -125,6 +125,7 @@ def _statements(path: Path) -> list[str]:
     return [s.strip() for s in text.split(";") if s.strip()]
 
 
+@command
 def main(argv=None, prog: str = "sql") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,24 +138,17 @@ def main(argv=None, prog: str = "sql") -> int:
                         help="fail on a statement the embedded engine cannot run instead of running it on Spark")
     args = parser.parse_args(argv)
     if args.engine not in ENGINES:
-        return fail(f"unknown engine {args.engine!r} (--engine or ENGINE): use one of {', '.join(ENGINES)}")
-    try:
-        cfg = load_config()
-    except ConfigError as e:
-        return fail(str(e))
+        raise JobError(f"unknown engine {args.engine!r} (--engine or ENGINE): use one of {', '.join(ENGINES)}")
+    cfg = load_config()
     if not args.query and not args.file:
         return spark_sql_shell(cfg)
     queries = [args.query] if args.query else _statements(Path(args.file))
-    from tools.embedded_sql import QueryError
-
     runner = Runner(cfg, args.engine, fallback=not args.no_fallback)
     try:
         for q in queries:
             if args.file:
                 print(f"\n{q}", flush=True)
             print(runner.run(q, args.limit), flush=True)
-    except (QueryError, StatementError) as e:
-        return fail(str(e))
     finally:
         runner.close()
     return 0

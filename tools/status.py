@@ -12,9 +12,9 @@ import argparse
 import json
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 
-from common.config import ConfigError, load_config
+from common.errors import command
+from common.config import load_config
 from common.storage import is_delta_table, location
 
 
@@ -138,16 +138,13 @@ def render(rows: list[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
 
 
+@command
 def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.status") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        cfg = cfg or load_config()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = cfg or load_config()
     from common.spark import session
 
     with session(cfg, "status", spark) as spark:

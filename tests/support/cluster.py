@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from common.errors import LakehouseError
 from tools.processes import free_port
 from tools.processes import process_table
 
@@ -23,7 +24,7 @@ HOST = "127.0.0.1"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never send 127.0.0.1 via a proxy
 
 
-class ClusterError(RuntimeError):
+class ClusterError(LakehouseError, RuntimeError):
     pass
 
 

@@ -1,0 +1,163 @@
+"""The lakehouse's errors, raised and caught by type, and what Spark's own failures are.
+
+Every error this project raises on purpose is a `LakehouseError`; its `exit_code` is what a
+command exits with when it ends on it (2: the user can fix it, 1: a run failed). The errors of a
+micro-batch cross Spark's foreachBatch boundary as text only (Spark rebuilds them as a
+StreamingQueryException), so the batch keeps the typed one here, by query, for the runner.
+
+Spark's own failures are read through their error conditions (`getCondition()`) and the JVM
+exception classes behind them, never by searching the text of a stack trace.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class LakehouseError(Exception):
+    """Base of every error this project raises on purpose."""
+    exit_code = 1
+
+
+class JobError(LakehouseError, RuntimeError):
+    """A problem the user can fix (missing input, unreachable broker, a checkpoint in use):
+    reported as its message alone, exit code 2."""
+    exit_code = 2
+
+
+class DataQualityError(LakehouseError, RuntimeError):
+    """An expectation with policy `fail` did not pass in a batch. The batch was not committed."""
+
+    def __init__(self, message: str, query: str, batch_id: int, table: str,
+                 expectations: tuple[str, ...], samples: dict[str, list] | None = None):
+        super().__init__(message)
+        self.query, self.batch_id, self.table = query, batch_id, table
+        self.expectations = expectations
+        self.samples = samples or {}           # expectation -> a few unexpected values
+
+    def summary(self) -> str:
+        names = ", ".join(f"'{e}'" for e in self.expectations)
+        return f"expectation {names} failed in batch {self.batch_id} (policy fail)"
+
+
+class GateError(LakehouseError, RuntimeError):
+    """The quality gate could not evaluate an expectation (not a failed one: a broken one)."""
+
+
+class QueryFailed(LakehouseError):
+    """A streaming query ended on an error that is not one of ours: Spark's condition (error
+    class) when it has one, and the first lines of its message."""
+
+    def __init__(self, query: str, error: BaseException):
+        self.query, self.cause = query, error
+        self.condition = spark_condition(error)
+        super().__init__(f"query {query} failed: {describe(error)}")
+
+
+# --- a batch's typed error, kept for the runner ---------------------------------------------
+
+_FAILED: dict[str, LakehouseError] = {}
+_FAILED_LOCK = threading.Lock()
+
+
+def record_failure(query: str, error: LakehouseError) -> None:
+    """Keep the typed error a batch of `query` raised (the last one wins)."""
+    with _FAILED_LOCK:
+        _FAILED[query] = error
+
+
+def take_failure(query: str, peek: bool = False) -> LakehouseError | None:
+    """The typed error a batch of `query` raised, if any (removed unless peek)."""
+    with _FAILED_LOCK:
+        return _FAILED.get(query) if peek else _FAILED.pop(query, None)
+
+
+# --- Spark's failures ------------------------------------------------------------------------
+
+def spark_condition(error: BaseException) -> str | None:
+    """Spark's error condition (e.g. DELTA_CANNOT_VACUUM_LITE), or None for an unclassified one."""
+    from pyspark.errors import PySparkException
+
+    if not isinstance(error, PySparkException):
+        return None
+    try:
+        return error.getCondition()
+    except Exception:   # noqa: BLE001 - a failure without a live JVM behind it has no condition
+        return None
+
+
+def jvm_chain(error: BaseException, limit: int = 32) -> list:
+    """The JVM throwables behind a Spark error, outermost first, causes and suppressed ones."""
+    origin = getattr(error, "_origin", None)
+    if origin is None:
+        return []
+    chain, todo, seen = [], [origin], set()
+    while todo and len(chain) < limit:
+        t = todo.pop(0)
+        key = t.hashCode()
+        if key in seen:
+            continue
+        seen.add(key)
+        chain.append(t)
+        todo.extend(t.getSuppressed())
+        if t.getCause() is not None:
+            todo.append(t.getCause())
+    return chain
+
+
+def caused_by(error: BaseException, java_class: str, raised_in: str | None = None) -> bool:
+    """Whether a JVM exception of `java_class` (or a subclass) is behind `error`; with
+    `raised_in`, only one thrown by code of that package or class."""
+    from py4j.java_gateway import is_instance_of
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    for t in jvm_chain(error):
+        if not is_instance_of(gateway, t, java_class):
+            continue
+        if raised_in is None or any(f.getClassName().startswith(raised_in) for f in t.getStackTrace()):
+            return True
+    return False
+
+
+def describe(error: BaseException) -> str:
+    """What a user needs from an error: ours as its message; Spark's as its condition and the
+    message without the JVM frames (a foreachBatch error keeps its Python traceback)."""
+    import os
+
+    if isinstance(error, LakehouseError):
+        return str(error)
+    if os.environ.get("LAKEHOUSE_DEBUG"):
+        import traceback
+
+        return "".join(traceback.format_exception(error))
+    from pyspark.errors import PySparkException
+
+    if isinstance(error, PySparkException):
+        text = getattr(error, "_desc", None) or str(error)
+        text = text.split("\n\tat ")[0].split("\n\nJVM stacktrace:")[0].rstrip()
+        condition = spark_condition(error)
+        return text if not condition or condition in text else f"[{condition}] {text}"
+    return str(error) or type(error).__name__
+
+
+def exit_code(error: BaseException) -> int:
+    return error.exit_code if isinstance(error, LakehouseError) else 1
+
+
+def command(main):
+    """A tool's main(argv, ...) -> exit code. The errors it raises on purpose end it with their
+    message on stderr and their exit code, without a traceback; anything else is a bug and
+    keeps its traceback."""
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except LakehouseError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return e.exit_code
+    return run
