@@ -160,8 +160,8 @@ def render(record: dict | None, source: str | None = None) -> str:
         out.append(f"| ({letter}) | {name} | {how} | {target} |\n")
     out.append("\n" + READING + "\n## Latest run\n\n")
     if record is None:
-        out.append("No run has been recorded yet. `make bench` (or `make bench N=20000` for a quicker "
-                   "one) measures the figures and writes them here; `python -m bench.docs_page` "
+        out.append("No run has been recorded yet. `make bench` (or `make bench N=20000` for a quicker\n"
+                   "one) measures the figures and writes them here; `python -m bench.docs_page`\n"
                    "rewrites this page from results already in `bench-results/`.\n")
         return "".join(out)
     out.append(_run_facts(record, source) + "\n")
