@@ -18,13 +18,15 @@
 
 d and e come from the same streaming run (fresh lakehouse); a, b, c, f and g read the first
 one's landing files (g runs before c appends to them).
-Results: bench-results/bench-<time>-<N>.json and .md; the summary line is printed last.
+Results: bench-results/bench-<time>-<N>.json and .md; the summary line is printed last. Then
+docs/benchmark.md is rewritten from the JSON just saved (bench/docs_page.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -33,7 +35,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import summary
+from bench import docs_page, summary
 from bench.contention import OtherCpu
 from bench.latency import file_latencies, summarize
 from common.errors import LakehouseError
@@ -65,6 +67,27 @@ def base_env(root: Path, **extra) -> dict:
            if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "TRIGGER", "TRIGGER_INTERVAL")}
     env.update({"LAKEHOUSE_ROOT": str(root), "SOURCE": "files", "TRIGGER": "available-now", **extra})
     return env
+
+
+def provenance() -> dict:
+    """What the results need to be read later: the commit measured and the machine's memory."""
+    out = {"platform": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}"}
+    try:
+        out["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,  # noqa: E731
+                                        timeout=10)
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode == 0:
+            # The page a previous run rewrote does not change what is measured.
+            dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                        ":(exclude)docs/benchmark.md").stdout.strip()
+            out["commit"] = head.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
 
 
 def run_logged(cmd: list[str], env: dict, log_path: Path, marks=()) -> tuple[float, dict]:
@@ -376,7 +399,7 @@ def main(argv=None, prog: str = "python -m bench.run") -> int:
     run_dir.mkdir(parents=True)
     result = {"events": args.events, "seed": args.seed, "cores": os.cpu_count(), "sections": sorted(args.sections),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "load_at_start": [round(x, 1) for x in os.getloadavg()]}
+              "load_at_start": [round(x, 1) for x in os.getloadavg()], **provenance()}
     root = run_dir / "lakehouse"
     env = base_env(root)
     cfg = load_config(env=env)
@@ -434,6 +457,11 @@ def main(argv=None, prog: str = "python -m bench.run") -> int:
     print()
     print(summary.text_table(result))
     print(f"\nresults: {base}.json, {base}.md (logs in {run_dir})")
+    try:
+        page, _ = docs_page.write(base.with_suffix(".json"))
+        print(f"docs: {page} rewritten from this run")
+    except OSError as e:   # the results are saved; a read-only checkout must not fail the run
+        print(f"warning: could not rewrite the benchmark docs page: {e}", file=sys.stderr)
     print(summary.summary_line(result))
     return 1 if errors else 0
 

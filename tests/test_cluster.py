@@ -3,7 +3,7 @@
 A master and two workers (1 core each) run on 127.0.0.1 from the launcher pyspark ships. The same
 generated landing data goes into two lakehouse roots; `python -m pipeline` (available-now, one application)
 runs once through `spark-submit --master spark://127.0.0.1:<port> --properties-file` (the
-README's line: the submit's master wins over conf) and once with SPARK_MASTER=local[2], side by side, and
+docs/cluster.md's line: the submit's master wins over conf) and once with SPARK_MASTER=local[2], side by side, and
 the three gold tables must hold the same rows. The daemons, the executors they fork and the job
 drivers must all be gone afterwards.
 """

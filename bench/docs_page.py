@@ -1,0 +1,213 @@
+"""docs/benchmark.md, written from the bench's saved results, so the figures in the docs are
+always a run's own and never retyped by hand.
+
+    python -m bench.docs_page [--results DIR_OR_JSON] [--out PATH]
+
+`make bench` (bench/run.py) calls write() with the JSON it has just saved; run this to rebuild
+the page from what is in bench-results/ without running the bench again. The page is a fixed
+explanation of figures (a)-(g) and their targets, then the latest run's table (bench/summary.py's
+rows, each with its target met, MISSED or not measured), its date, N, commit and machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench import summary
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench-results"
+DOCS = REPO / "docs" / "benchmark.md"
+
+# (letter, name, what is measured and how, key in summary.TARGETS or None for a reference figure)
+FIGURES = [
+    ("a", "engine ceiling",
+     "Spark alone: the landing files, silver's JSON schema and the cameras explode, into the `noop` "
+     "sink, with the lines read two ways: `spark.read.text`, and bronze's binaryFile read and line "
+     "split; each best of two runs in one session, the faster method is the ceiling "
+     "(`bench/ceiling.py`).", None),
+    ("b", "layer and end-to-end throughput",
+     "`python -m pipeline` (available-now) on a fresh lakehouse; per layer its wall time (from the "
+     "jobs' `done` lines, JVM start-up included) and its processing span (first trigger to last batch "
+     "end, from `ops.query_progress`); end-to-end as a multiple of (a).", "end_to_end"),
+    ("c", "incremental cost",
+     "+1% events continuing in event time, then the incremental `run-all`, against "
+     "`bench/recompute.py`: all layers recomputed from scratch in one batch process with the same "
+     "transform functions (gold as the audit's prefix check rebuilds it; no quality gates, so the "
+     "recompute is if anything flattered).", "incremental"),
+    ("d", "latency",
+     "`run-all --trigger processing-time` on a second fresh lakehouse, a feeder landing one file per "
+     "second at `--rate` events/s; per file, landing time to the first gold commit whose lineage "
+     "(Delta `userMetadata`) consumed the silver commit that consumed the bronze commit of the batch "
+     "that read the file (`bench/latency.py`, from the checkpoints and Delta logs, nothing added to "
+     "the product). Reported for `gold.zip_hourly_sightings` and as the max over the three gold "
+     "tables; files still not visible at the end count with the time they had waited (lower "
+     "bounds).", "latency"),
+    ("e", "bounded state",
+     "The same streaming run, whose event time spans 10x the gold watermark; gold state rows (sum "
+     "over the three queries, from `ops.query_progress`) first/peak/last and samples; flat if the "
+     "second half's peak is within 25% of the first half's, judged only when gold's watermark moved "
+     "at least 3 watermarks.", "state"),
+    ("f", "quality share",
+     "`sum(quality_ms) / sum(batch_ms)` of silver in `ops.batch_accounting`; `quality_ms` is what "
+     "the gate adds to a batch: GX validation (its `ops.dq_results` commit runs beside the data "
+     "writes).", "quality"),
+    ("g", "against plain Structured Streaming",
+     "`bench/baseline.py`, what a user following the Databricks examples would write instead: one "
+     "process and SparkSession (same Spark conf), bronze (text -> Delta), silver (`from_json` + "
+     "explode, watermark + `dropDuplicatesWithinWatermark`, stream-static join with "
+     "`device_locations`) and gold (hourly sightings per zip, 10-minute activity sliding 5 minutes, "
+     "`session_window` sessions) one layer after the other, available-now, append mode, no gates, "
+     "accounting, lineage or MERGE; on its own fresh lakehouse over (b)'s landing files, after (b) "
+     "and before (c). Reported as (b)'s `run-all` wall over the baseline's wall, both including "
+     "Python and JVM start-up, with the share of the CPU other processes took during each run "
+     "(`bench/contention.py`, from `/proc`: on a shared machine the ratio means little if only one "
+     "of them ran under load).", "baseline"),
+]
+
+HEAD = """\
+# Benchmark
+
+`make bench` measures seven figures of the pipeline on this machine in one run, (a) to (g)
+below, and marks each target met or MISSED; this page is written by the bench itself
+(`bench/docs_page.py`) from the results it saved in `bench-results/`, so do not edit it by hand:
+`python -m bench.docs_page` rebuilds it from the latest saved results without running the bench.
+
+## Running it
+
+```bash
+make bench                      # BENCH_N events, default 1,000,000
+make bench N=20000              # fewer events
+make bench ONLY=a,b,f,g         # a subset of the figures
+make bench BENCH_ARGS="--rate 5000 --stream-seconds 90 --interval '2 seconds'"
+.venv/bin/python -m bench.run --help
+```
+
+The bench prints a table, then a summary line with each target marked. JSON and Markdown go to
+`bench-results/bench-<time>-<N>.{json,md}` (git-ignored), each phase's logs to
+`bench-results/run-<time>-<N>/`. (d) and (e) come from one streaming run on its own fresh
+lakehouse; (a), (b), (c), (f) and (g) read the first lakehouse's landing files ((g) runs before
+(c) appends to them). A failed phase is reported and the others still run. `make bench-audit`
+(`bench/audit_versions.py`) times `make audit` on a gold table with `VERSIONS` versions (default
+50), results in `bench-results/audit-<time>.json`.
+
+## What each figure measures
+
+| | figure | what is measured, and how | target |
+|---|---|---|---|
+"""
+
+READING = """\
+## Reading the figures
+
+Where the time goes is fixed costs, not rows:
+
+- A Delta commit has a fixed cost of its own however small it is (write job, commit, snapshot
+  update, a few small jobs); silver makes up to four per batch and each gold query two or three.
+  They run at once per batch (data, `ops.dq_results`, `ops.batch_accounting`), so a batch costs
+  its slowest commit rather than their sum, but on 2 cores three gold queries still queue.
+- In an available-now run each layer ends with a no-data batch that moves the watermark; gold's
+  (three queries side by side: state eviction, session timeouts, the closing MERGE) is the
+  largest.
+- The JIT is a large share of the CPU in a short-lived JVM. C1-only (`spark.jit: c1`) saves CPU
+  but not wall time in a long process; `auto` keeps C1 for available-now runs.
+- The baseline (g) pays none of: MERGE, gates, accounting, lineage, quarantine, sessions' MERGE.
+"""
+
+
+def latest(results: Path) -> Path | None:
+    """The newest bench-<time>-<N>.json in a results folder (the time sorts as text)."""
+    runs = sorted(results.glob("bench-*.json"))
+    return runs[-1] if runs else None
+
+
+def load(results: Path) -> tuple[dict | None, Path | None]:
+    """A results record and the file it came from: `results` is a JSON file or a folder, whose
+    latest run is taken; (None, None) when there is none."""
+    path = results if results.is_file() else latest(results)
+    if path is None:
+        return None, None
+    return json.loads(path.read_text()), path
+
+
+def _gb(x) -> str:
+    return f"{x:g} GB" if isinstance(x, (int, float)) else "-"
+
+
+def _run_facts(r: dict, source: str | None) -> str:
+    sections = ", ".join(r.get("sections") or []) or "-"
+    lines = [
+        f"- **Date**: started {r.get('started', '-')}, finished {r.get('finished', '-')} (UTC)",
+        f"- **N** = {r['events']:,} events (seed {r.get('seed', '-')}); figures measured: {sections}",
+        f"- **Commit**: `{r['commit']}`" if r.get("commit") else "- **Commit**: not recorded by this run",
+        f"- **Machine**: {r.get('cores', '-')} cores, {_gb(r.get('memory_gb'))} memory"
+        + (f", {r['platform']}" if r.get("platform") else "")
+        + f"; load average at start {r.get('load_at_start', '-')}, at end {r.get('load_at_end', '-')}",
+    ]
+    if source:
+        lines.append(f"- **Results**: `{source}`")
+    return "\n".join(lines) + "\n"
+
+
+def render(record: dict | None, source: str | None = None) -> str:
+    """The whole page: the fixed explanation, then the record's run (or a line saying no run has
+    been recorded). `source` names the results file in the page."""
+    out = [HEAD]
+    for letter, name, how, key in FIGURES:
+        target = summary.TARGETS[key] if key else "reference for (b)"
+        out.append(f"| ({letter}) | {name} | {how} | {target} |\n")
+    out.append("\n" + READING + "\n## Latest run\n\n")
+    if record is None:
+        out.append("No run has been recorded yet. `make bench` (or `make bench N=20000` for a quicker\n"
+                   "one) measures the figures and writes them here; `python -m bench.docs_page`\n"
+                   "rewrites this page from results already in `bench-results/`.\n")
+        return "".join(out)
+    out.append(_run_facts(record, source) + "\n")
+    out.append("| figure | value | target |\n|---|---|---|\n")
+    out.extend(f"| {a} | {b.replace('|', '/')} | {c} |\n" for a, b, c in summary.rows(record))
+    verdicts = summary.verdicts(record)
+    out.append("\nTargets: " + "; ".join(f"{summary.TARGETS[k]}: **{summary._mark(v)}**"
+                                         for k, v in verdicts.items()) + ".\n")
+    errors = record.get("errors") or {}
+    if errors:
+        out.append("\nPhases that failed:\n\n" + "".join(f"- {k}: {v}\n" for k, v in errors.items()))
+    out.append(f"\n```\n{summary.summary_line(record)}\n```\n")
+    return "".join(out)
+
+
+def _shown(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return path.name
+
+
+def write(results: Path | None = None, out: Path | None = None) -> tuple[Path, Path | None]:
+    """(Re)write the page from `results` (a JSON file, or a folder's latest run; default
+    bench-results/); returns the page's path and the results file it was written from."""
+    record, path = load(Path(results) if results is not None else RESULTS)
+    target = Path(out) if out is not None else DOCS
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render(record, _shown(path)))
+    return target, path
+
+
+def main(argv=None, prog: str = "python -m bench.docs_page") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=RESULTS,
+                   help="a bench results folder (its latest bench-*.json) or one JSON file "
+                        "(default: bench-results/)")
+    p.add_argument("--out", type=Path, default=DOCS, help="the page to write (default: docs/benchmark.md)")
+    args = p.parse_args(argv)
+    page, path = write(args.results, args.out)
+    print(f"wrote {page} " + (f"from {path}" if path else f"(no bench results in {args.results} yet)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""docs/benchmark.md is written by the bench: bench.run.main saves its results, then
+bench.docs_page turns them into the page.
+
+No Spark and no subprocess: the bench's own code computes every figure (throughput, quality,
+incremental, baseline, latency percentiles, state), and only what it reads from the outside is
+stood in for: the processes' walls and log lines, the ops tables' rows, the ceiling's timings.
+So a figure or mark the page loses, or a results field the summary no longer understands,
+fails here."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import bench.run as run
+from bench import docs_page, summary
+
+EVENTS = 20_000
+T0 = 1_800_000_000_000        # ms, the fake runs' first trigger
+
+
+class FakeSession:
+    """Answers the bench's SQL over ops.query_progress and ops.batch_accounting, and the row
+    counts (g) reads, with fixed rows."""
+
+    def __init__(self, cfg):
+        pass
+
+    def __call__(self):
+        count = types.SimpleNamespace(count=lambda: EVENTS - 120)
+        loader = types.SimpleNamespace(load=lambda path: count)
+        return types.SimpleNamespace(read=types.SimpleNamespace(format=lambda fmt: loader))
+
+    def sql(self, query: str) -> list[dict]:
+        if "batch_accounting" in query:          # (f): 2.2 s of gate in 20 s of silver batches: 11%
+            return [{"layer": "silver", "batches": 4, "batch_ms": 20_000, "quality_ms": 2_200},
+                    {"layer": "gold", "batches": 6, "batch_ms": 30_000, "quality_ms": 1_500}]
+        if "LIKE 'gold_%'" in query:              # (e): state rows of the three gold queries
+            rows, wm = [], T0
+            for i, total in enumerate([30, 60, 90, 100, 95, 100, 98, 102]):
+                wm += 3_600_000                    # the watermark moves 1 h a batch: 8 h in all
+                for q in ("gold_zip_hourly_sightings", "gold_device_activity", "gold_device_sessions"):
+                    rows.append({"query_name": q, "t": T0 + i * 10_000, "state_rows": total, "wm": wm})
+            return rows
+        if "query_progress" in query:             # (b), (c): processing spans per layer
+            return [{"query_name": "bronze_files", "t0": T0, "t1": T0 + 8_000},
+                    {"query_name": "silver", "t0": T0 + 10_000, "t1": T0 + 33_000},
+                    {"query_name": "gold_zip_hourly_sightings", "t0": T0 + 40_000, "t1": T0 + 60_000},
+                    {"query_name": "gold_device_sessions", "t0": T0 + 41_000, "t1": T0 + 64_000}]
+        raise AssertionError(f"unexpected bench query: {query}")
+
+    def stop(self):
+        pass
+
+
+def fake_run_logged(cmd, env, log_path: Path, marks=()):
+    """The walls of the processes the bench starts, and the result lines they print."""
+    module = cmd[2] if len(cmd) > 2 else ""
+    if module == "bench.baseline":
+        log_path.write_text('BASELINE {"bronze": 5.0, "silver": 20.0, "gold": 20.0}\n')
+        return 50.0, {}
+    if module == "bench.recompute":
+        log_path.write_text('RECOMPUTE {"bronze": 10.0, "silver": 20.0, "gold": 30.0}\n')
+        return 80.0, {}
+    if "incremental" in log_path.name:
+        return 40.0, {}
+    return 100.0, {"bronze: done": 25.0, "silver: done": 60.0}     # the first run-all
+
+
+def fake_generate(env, run_dir, n, seed, extra=()):
+    return {"records": n // 2, "events": n, "span_s": 6 * 3600.0}
+
+
+def fake_stream_phase(args, run_dir):
+    """(d): landing -> gold latencies of 30 files, through the bench's own percentiles."""
+    from bench.latency import summarize
+    from common.config import load_config
+
+    rows = [{"landed": 100.0 + i, "bronze": 1.0, "silver": 2.0, "zip_hourly_sightings": 3.0 + i / 10,
+             "device_activity": 3.5, "device_sessions": 4.0 + i / 10} for i in range(30)]
+    for r in rows:
+        r["max_over_gold"] = max(r[t] for t in run.GOLD)
+    latency = {"rate_events_per_s": args.rate, "fed_events_per_s": args.rate, "interval": "conf",
+               "files": len(rows), "warmup_s": 0, "drained": True,
+               "zip_hourly_sightings": summarize(rows, "zip_hourly_sightings", 200.0),
+               "max_over_gold": summarize(rows, "max_over_gold", 200.0),
+               "stages_p50_s": {}}
+    return latency, {"span_s": 8 * 3600, "multiple": 10}, load_config(env=run.base_env(run_dir / "s"))
+
+
+@pytest.fixture
+def bench_run(tmp_path, monkeypatch):
+    """One whole `python -m bench.run -n 20000`, results and docs page under tmp_path."""
+    ceiling = types.ModuleType("bench.ceiling")
+    ceiling.measure = lambda spark, landing, events, profile: {
+        "method": "text", "seconds": 0.92, "events_per_s": round(events / 0.92),
+        "methods": {"text": {"seconds": 0.92, "events_per_s": round(events / 0.92)},
+                    "binary_file": {"seconds": 1.37, "events_per_s": round(events / 1.37)}}}
+    monkeypatch.setitem(sys.modules, "bench.ceiling", ceiling)
+    monkeypatch.setattr(run, "Session", FakeSession)
+    monkeypatch.setattr(run, "run_logged", fake_run_logged)
+    monkeypatch.setattr(run, "generate", fake_generate)
+    monkeypatch.setattr(run, "stream_phase", fake_stream_phase)
+    monkeypatch.setattr(run, "OUT", tmp_path / "bench-results")
+    monkeypatch.setattr(docs_page, "DOCS", tmp_path / "docs" / "benchmark.md")
+    assert run.main(["-n", str(EVENTS)]) == 0
+    [saved] = (tmp_path / "bench-results").glob("bench-*.json")
+    return json.loads(saved.read_text()), saved, tmp_path / "docs" / "benchmark.md"
+
+
+def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
+    record, saved, page_path = bench_run
+    page = page_path.read_text()
+    # The figures the bench computed, as the page shows them.
+    assert record["throughput"]["end_to_end_events_per_s"] == 200                 # 20,000 / 100 s
+    assert record["throughput"]["end_to_end_vs_ceiling"] == 0.009
+    assert record["quality"]["silver_share"] == 0.11
+    assert record["incremental"]["ratio_wall"] == 0.5                               # 40 s / 80 s
+    assert record["baseline"]["run_all_over_baseline"] == 2.0                       # 100 s / 50 s
+    assert "200 events/s (100.0 s) = 0.009x ceiling" in page
+    assert "11.0% (2.2 s of 20.0 s)" in page
+    assert "40.0 s vs 80.0 s = 0.5x" in page
+    assert "run-all 100.0 s / baseline 50.0 s = 2.0x" in page
+    assert f"p95 {record['latency']['zip_hourly_sightings']['p95_s']} s" in page
+    # Each layer's processing span: the three gold queries side by side count once.
+    assert "2,500 events/s processing (8.0 s)" in page           # bronze
+    assert "870 events/s processing (23.0 s)" in page            # silver
+    assert "833 events/s processing (24.0 s)" in page            # gold
+    assert "None" not in page
+    # Every row of the bench's own table, with its mark, is in the page's table.
+    rows = summary.rows(record)
+    assert {r[0][:3] for r in rows} == {f"({x})" for x in "abcdefg"}
+    for figure, value, target in rows:
+        assert f"| {figure} | {value} | {target} |" in page
+    # Each target's verdict: these numbers meet some and miss others.
+    v = summary.verdicts(record)
+    assert v == {"end_to_end": False, "incremental": False, "latency": False, "state": True,
+                 "quality": True, "baseline": False}
+    for key, met in v.items():
+        assert f"{summary.TARGETS[key]}: **{'met' if met else 'MISSED'}**" in page
+    assert summary.summary_line(record) in page
+    # The run's facts, and the fixed explanation of every figure.
+    assert f"N** = {EVENTS:,} events" in page and record["started"] in page
+    assert f"{record['cores']} cores" in page and "GB memory" in page
+    if record.get("commit"):
+        assert record["commit"] in page
+    assert saved.name in page
+    for letter, name, _, _ in docs_page.FIGURES:
+        assert f"| ({letter}) | {name} |" in page
+    assert "No run has been recorded" not in page
+
+
+def test_page_from_saved_results_without_rerunning(bench_run, tmp_path, capsys):
+    record, saved, page_path = bench_run
+    out = tmp_path / "again.md"
+    assert docs_page.main(["--results", str(saved.parent), "--out", str(out)]) == 0
+    assert out.read_text() == page_path.read_text()
+    assert saved.name in capsys.readouterr().out
+
+
+def test_latest_run_wins(tmp_path):
+    for stamp, n in (("20260101T000000Z", 1000), ("20260301T000000Z", 2000), ("20260201T000000Z", 3000)):
+        (tmp_path / f"bench-{stamp}-{n}.json").write_text(json.dumps({"events": n, "started": stamp}))
+    (tmp_path / "audit-20260401T000000Z.json").write_text("{}")     # make bench-audit's, not a bench run
+    record, path = docs_page.load(tmp_path)
+    assert record["events"] == 2000 and path.name == "bench-20260301T000000Z-2000.json"
+
+
+def test_page_without_any_run(tmp_path):
+    out = tmp_path / "benchmark.md"
+    assert docs_page.main(["--results", str(tmp_path / "nothing-here"), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "No run has been recorded yet" in page and "make bench" in page
+    for key in summary.TARGETS:
+        assert summary.TARGETS[key] in page
+    assert "| figure | value | target |" not in page
