@@ -167,7 +167,7 @@ def main(argv=None, prog: str = "make maintain") -> int:
 
     running = live_leases(cfg)
     if running:
-        # Delta's S3 log store allows one writing driver per table (README, Object storage).
+        # Delta's S3 log store allows one writing driver per table (docs/object-stores.md).
         raise JobError(f"a pipeline holds checkpoints under {cfg.checkpoint_root}: {', '.join(running)}. On object "
                        f"storage only that process may write its tables (it runs maintenance itself in processing-time "
                        f"mode); stop it before `make maintain`, or configure Delta's DynamoDB log store")
