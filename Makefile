@@ -28,7 +28,7 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 setup: $(PY_STAMP) $(JAR_STAMP) ## Create .venv, install pinned Python deps, fetch JVM jars with Maven, build the JVM class archive (idempotent)
-	@$(PY) -m common.class_archive
+	@$(PY) -m pipeline.class_archive
 
 # Re-install only when the pins or the lock change; a second `make setup` is a no-op.
 # PIP_CONSTRAINT (not -c) also reaches pip's isolated build of the project (setuptools);
@@ -84,7 +84,7 @@ clean: kafka-down s3-down ## Remove venv, jar cache, broker and S3 server data a
 	rm -rf $(VENV) $(CACHE) .kafka .s3 lakehouse .pytest_cache
 
 generate: setup ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) + device_locations
-	$(PY) -m bronze.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST))
+	$(PY) -m tools.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST))
 
 run-bronze: setup ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
 	$(PY) -m pipeline --layer bronze
@@ -127,12 +127,12 @@ demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gol
 ifeq ($(STORE),s3)
 	$(PY) -m tools.s3_server up
 	eval "$$($(PY) -m tools.s3_server env --prefix demo)" && \
-	  $(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED) && \
+	  $(PY) -m tools.generator -n $(DEMO_N) --seed $(SEED) && \
 	  $(PY) -m pipeline && \
 	  $(PY) -m tools.sql -f conf/demo.sql
 	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$($(PY) -m tools.s3_server env --prefix demo)"  first for the commands below.'
 else
-	$(PY) -m bronze.generator -n $(DEMO_N) --seed $(SEED)
+	$(PY) -m tools.generator -n $(DEMO_N) --seed $(SEED)
 	$(MAKE) --no-print-directory run-all
 	@$(PY) -m tools.sql -f conf/demo.sql
 endif

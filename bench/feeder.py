@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bronze.generator import Params, generate
+from tools.generator.events import Params, generate
 from common.storage import write_atomic
 
 

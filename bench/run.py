@@ -153,7 +153,7 @@ def processing_spans(session: Session, cfg, since_ms: int = 0) -> dict[str, floa
 
 def generate(env: dict, run_dir: Path, n: int, seed: int, extra=()) -> dict:
     manifest = run_dir / f"manifest-{seed}.json"
-    run_logged([sys.executable, "-m", "bronze.generator", "-n", str(n), "--seed", str(seed),
+    run_logged([sys.executable, "-m", "tools.generator", "-n", str(n), "--seed", str(seed),
                 "--manifest", str(manifest), *extra], env, run_dir / "generate.log")
     return json.loads(manifest.read_text())
 
@@ -259,7 +259,7 @@ def _wait(predicate, timeout: float, proc=None, what="") -> bool:
 
 
 def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
-    from bronze.generator import Params, write_locations
+    from tools.generator.events import Params, write_locations
     from bench.feeder import Feeder, stream_params
     from common.config import load_config
 

@@ -499,12 +499,12 @@ def run(args, env: dict, cfg) -> int:
     from bench.contention import OtherCpu
     from bench.feeder import Feeder, stream_params
     from bench.soak_charts import write_charts, write_page
-    from bronze.generator import Params, write_locations
+    from tools.generator.events import Params, write_locations
     from common.log import LogToFile
     from common.spark import build_spark
     from common.streaming import interval
     from pipeline.cli import declare
-    from pipeline.flow import ORDER
+    from common.flow import ORDER
     from pipeline.runner import Runner
 
     run_dir = args.run_dir

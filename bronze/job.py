@@ -16,7 +16,7 @@ from common.delta import ensure_table
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.errors import JobError, caused_by
 from common.streaming import trigger
-from pipeline.flow import Flow, Layer, Recovery
+from common.flow import Flow, Layer, Recovery
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the chaos run writes into the landing folder, and what it therefore expects downstream.
 
-Each wave is one generator run (bronze/generator.py, a pure function of its seed) moved later in
+Each wave is one generator run (tools/generator/events.py, a pure function of its seed) moved later in
 event time, so the stream keeps advancing and watermarks move as in production. Every record is
 remembered by (file name, line number); every camera event of a well-formed record by the
 event_id silver derives from it (sha256 of device | start | end, times to the microsecond).
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bronze.generator import Params, generate, write_files, write_locations
+from tools.generator.events import Params, generate, write_files, write_locations
 
 WELL_FORMED = ("valid", "late", "duplicate")
 

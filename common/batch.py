@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import LakehouseError, record_failure
+from common.errors import kept_for_runner
 from common.lineage import batch_lineage, checkpoint_query_id, read_nothing
 from common.quality import check
 
@@ -54,11 +54,8 @@ class MicroBatch:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.layer)
         lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
         ctx = BatchContext(batch_id, self.app_id, lineage)
-        try:
+        with kept_for_runner(self.query):
             committed = self.write(df, ctx)
-        except LakehouseError as e:
-            record_failure(self.query, e)   # Spark passes the runner only the traceback's text
-            raise
         if not isinstance(committed, Committed):
             raise RuntimeError(f"{type(self).__name__}.write returned without commit() for batch {batch_id}")
 

@@ -10,6 +10,7 @@ exception classes behind them, never by searching the text of a stack trace.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -68,6 +69,17 @@ def record_failure(query: str, error: LakehouseError) -> None:
     """Keep the typed error a batch of `query` raised (the last one wins)."""
     with _FAILED_LOCK:
         _FAILED[query] = error
+
+
+@contextlib.contextmanager
+def kept_for_runner(query: str):
+    """Around a foreachBatch body: a typed error it raises is kept for the runner, then raised
+    on to Spark (which fails the query with only its text)."""
+    try:
+        yield
+    except LakehouseError as e:
+        record_failure(query, e)
+        raise
 
 
 def take_failure(query: str, peek: bool = False) -> LakehouseError | None:

@@ -31,7 +31,7 @@ from common.errors import JobError
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Top-level packages whose loggers follow --log-level (module loggers are named by module).
-PACKAGES = ("common", "pipeline", "bronze", "silver", "gold", "audit", "chaos", "bench", "console")
+PACKAGES = ("common", "tools", "pipeline", "bronze", "silver", "gold", "audit", "chaos", "bench", "console")
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 

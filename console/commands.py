@@ -17,7 +17,7 @@ from common import log
 
 # command -> (module whose main(argv, prog=...) it runs, the one line `lakehouse --help` shows)
 TOOLS = {
-    "generate": ("bronze.generator", "Write N generated events to landing files or Kafka."),
+    "generate": ("tools.generator.events", "Write N generated events to landing files or Kafka."),
     "seed-locations": ("silver.locations", "Load the locations CSV into silver.device_locations."),
     "sql": ("tools.sql", "Run SQL over the tables; no query: a spark-sql shell."),
     "status": ("tools.status", "Each streaming query: last batch, rates, lag, state."),
@@ -33,7 +33,7 @@ TOOLS = {
     "soak": ("bench.soak", "The pipeline at a steady feed; fails if a series grows."),
     "kafka": ("tools.kafka_broker", "The local Kafka broker: up, down, status."),
     "s3": ("tools.s3_server", "The local S3-compatible server: up, down, status, env."),
-    "class-archive": ("common.class_archive", "Build the driver JVM's class-data sharing archive."),
+    "class-archive": ("pipeline.class_archive", "Build the driver JVM's class-data sharing archive."),
 }
 LAYERS = ("all", "bronze", "silver", "gold")
 

@@ -25,7 +25,7 @@ from common.schemas import DQ_RESULTS
 from common.storage import is_delta_table
 from common.errors import JobError
 from common.streaming import trigger
-from pipeline.flow import Flow, Layer
+from common.flow import Flow, Layer
 from gold import transform as T
 from gold.tables import GoldTable, for_config
 

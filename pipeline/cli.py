@@ -16,7 +16,7 @@ import argparse
 import logging
 import os
 
-from pipeline.flow import ORDER
+from common.flow import ORDER
 
 LAYER_CHOICES = ("all", *ORDER)
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import threading
 import time
 
 from common.log import fields
-from pipeline.flow import ORDER, Flow, Layer
+from common.flow import ORDER, Flow, Layer
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.storage import is_delta_table
 from common.errors import JobError
 from common.streaming import trigger
-from pipeline.flow import Flow, Layer
+from common.flow import Flow, Layer
 from silver import transform as T
 from silver.locations import ensure_seeded
 

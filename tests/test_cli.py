@@ -147,13 +147,13 @@ def test_json_mode_gives_one_object_per_line_with_the_records_fields(env, tmp_pa
         docs = [json.loads(line) for line in proc.stdout.splitlines()]
         assert [d["event"] for d in docs] == ["generated", "sessions"], proc.stdout
         doc = docs[0]
-        assert doc["level"] == "INFO" and doc["logger"] == "bronze.generator"
+        assert doc["level"] == "INFO" and doc["logger"] == "tools.generator.events"
         assert STAMPED.match(doc["time"] + " x") and doc["message"].startswith("wrote ")
         assert doc["events"] == 200 and doc["records"] > 0
         assert docs[1]["sessions"]["count"] > 0 and docs[1]["sessions"]["minutes"]["max"] > 0
 
     # The same through the tool itself, not launched by lakehouse: errors are JSON on stderr.
-    proc = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "10"], cwd=REPO, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.generator", "-n", "10"], cwd=REPO, text=True,
                           env={**env, "LOG_JSON": "1", "LAKEHOUSE__GENERATOR__DUPLICATE_RATE": "7"},
                           capture_output=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == "", proc
@@ -164,7 +164,7 @@ def test_json_mode_gives_one_object_per_line_with_the_records_fields(env, tmp_pa
 def test_log_level_warning_silences_info_and_a_bad_level_is_named(env):
     proc = console({**env, "LOG_LEVEL": "warning"}, "generate", "-n", "50")
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "50"], cwd=REPO, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.generator", "-n", "50"], cwd=REPO, text=True,
                           env={**env, "LOG_LEVEL": "chatty"}, capture_output=True, timeout=120)
     assert proc.returncode == 2 and "LOG_LEVEL" in proc.stderr and "'CHATTY'" in proc.stderr, proc.stderr
 

@@ -41,7 +41,7 @@ def _start_pipeline(env: dict, root: Path, master: str, submit: bool = False) ->
     if not submit:
         env["SPARK_MASTER"] = master
     env = with_jvm_options(env)
-    gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "2000", "--seed", "5",
+    gen = subprocess.run([sys.executable, "-m", "tools.generator", "-n", "2000", "--seed", "5",
                           "--files", "4"], cwd=REPO, env=env, capture_output=True, text=True)
     assert gen.returncode == 0, gen.stderr
     root.mkdir(parents=True, exist_ok=True)

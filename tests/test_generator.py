@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from bronze import activity, generator as gen
+from tools.generator import activity, events as gen
 from common.config import load_config
 
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -241,7 +241,7 @@ def test_sessions_last_minutes_to_an_hour_or_two(params, cfg, seed):
 
 
 def test_session_rule_is_gold_s_gap_at_most_the_session_gap():
-    from bronze.session_stats import sessions, summary
+    from tools.generator.session_stats import sessions, summary
 
     minute = 60_000
     times = [50 * minute, 0, 10 * minute, 80 * minute, 81 * minute + 1]   # unordered on purpose
@@ -334,7 +334,7 @@ def test_written_files_hold_exactly_the_defects_and_sessions_the_manifest_counts
 
 
 def session_summary(times, gap_s):
-    from bronze.session_stats import summary
+    from tools.generator.session_stats import summary
 
     return summary(times, gap_s)
 

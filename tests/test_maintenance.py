@@ -67,7 +67,7 @@ def test_an_audit_horizon_longer_than_the_log_retention_is_refused(env):
 
 
 def _generate(env, n: int, seed: int, files: int) -> None:
-    gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", str(n), "--seed", str(seed),
+    gen = subprocess.run([sys.executable, "-m", "tools.generator", "-n", str(n), "--seed", str(seed),
                           "--files", str(files)], cwd=REPO, env=env, capture_output=True, text=True)
     assert gen.returncode == 0, gen.stderr
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
+from common.errors import kept_for_runner
+from common.flow import Flow, Layer
 from common.quality import Outcome, Rule, raise_on_failures
-from pipeline.flow import Flow, Layer
 from pipeline.runner import Runner, downstream
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,7 +71,8 @@ def test_a_fail_expectation_stops_its_layer_and_what_reads_it_upstream_runs_on(s
 
     def gate(df, batch_id):
         if batch_id >= 1:
-            raise_on_failures([Outcome(rule, False, 10, 3, None)], "t_silver", batch_id, "silver.t")
+            with kept_for_runner("t_silver"):     # as every layer's batch does (common.batch)
+                raise_on_failures([Outcome(rule, False, 10, 3, None)], "t_silver", batch_id, "silver.t")
 
     runner = Runner(continuous, layers_with(continuous, silver_body=gate), spark=spark)
     thread, result = run_in_thread(runner)
@@ -124,7 +126,7 @@ def test_the_pipeline_runs_every_layer_in_one_application(spark, env, cfg):
     before committed, and a second run finds nothing new."""
     from pipeline.cli import main
 
-    gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "400", "--seed", "3",
+    gen = subprocess.run([sys.executable, "-m", "tools.generator", "-n", "400", "--seed", "3",
                           "--files", "2"], cwd=REPO, env=env, capture_output=True, text=True)
     assert gen.returncode == 0, gen.stderr
     assert main([], spark=spark, env=env) == 0

@@ -54,7 +54,7 @@ class Run:
 
 def test_continuous_run_all_is_one_application_and_a_signal_stops_it_cleanly(spark, env, cfg):
     env = dict(env, TRIGGER="processing-time", TRIGGER_INTERVAL="2 seconds")
-    gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "600", "--seed", "4",
+    gen = subprocess.run([sys.executable, "-m", "tools.generator", "-n", "600", "--seed", "4",
                           "--files", "3"], cwd=REPO, env=env, capture_output=True, text=True)
     assert gen.returncode == 0, gen.stderr
 

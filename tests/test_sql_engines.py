@@ -51,7 +51,7 @@ def lake(spark, tmp_path_factory):
     versions = []
     for seed, start in ((3, START), (5, START + timedelta(hours=6))):
         env = lake_env(root, LAKEHOUSE__GENERATOR__START=start.isoformat())
-        gen = subprocess.run([sys.executable, "-m", "bronze.generator", "-n", "400", "--seed", str(seed),
+        gen = subprocess.run([sys.executable, "-m", "tools.generator", "-n", "400", "--seed", str(seed),
                               "--files", "2"], cwd=REPO, env=env, capture_output=True, text=True)
         assert gen.returncode == 0, gen.stderr
         assert pipeline([], spark=spark, env=env) == 0

@@ -2,10 +2,10 @@
 
 The output is a pure function of (seed, arguments): no wall clock reaches the data or the
 file names, so a run can be repeated byte for byte and tests can assert exact counts.
-When cameras fire is bronze/activity.py: bursts of a few events, idle gaps, more by day than
+When cameras fire is tools/generator/activity.py: bursts of a few events, idle gaps, more by day than
 by night. Defects (duplicates, late events, malformed lines, unknown devices) are injected at
 the configured rates and counted in a manifest that downstream accounting is checked against,
-beside the session lengths the feed holds for gold's session gap (bronze/session_stats.py).
+beside the session lengths the feed holds for gold's session gap (tools/generator/session_stats.py).
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from random import Random
 from time import gmtime, strftime, time
 from typing import NamedTuple
 
-from bronze import activity, session_stats
+from tools.generator import activity, session_stats
 from common.errors import JobError
 from common.config import ConfigError, load_config, parse_duration
 from common.log import configure, fields
 from common.storage import Location, write_atomic
 
-log = logging.getLogger(__spec__.name)   # not "__main__" under python -m bronze.generator
+log = logging.getLogger(__spec__.name)   # not "__main__" under python -m tools.generator
 
 # very_long comes first so that any run with at least one malformed line has exactly one.
 MALFORMED_KINDS = ("very_long", "truncated", "bad_type_person", "bad_type_time",
@@ -333,7 +333,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bronze.generator") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m tools.generator") -> int:
     args = _parser(prog).parse_args(argv)
     configure()
     try:

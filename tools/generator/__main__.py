@@ -1,0 +1,5 @@
+import sys
+
+from tools.generator.events import main
+
+sys.exit(main())
