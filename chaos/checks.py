@@ -46,7 +46,14 @@ def _sample(xs, n: int = 5) -> list:
 def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> Checks:
     out = Checks()
     read = lambda layer, table: spark.read.format("delta").load(cfg.table_path(layer, table))  # noqa: E731
+    _check_bronze(out, read, expected)
+    _check_silver(out, read, expected, cfg.silver_table)
+    _check_booked(out, read, cfg)
+    _check_audit(out, audit_code, audit_report)
+    return out
 
+
+def _check_bronze(out: Checks, read, expected) -> None:
     bronze = read("bronze", "events")
     rows = bronze.select(F.element_at(F.split("file_path", "/"), -1).alias("file"), "line_number",
                          F.col("raw").cast("binary").alias("raw")).collect()
@@ -64,7 +71,9 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
             f"{len(missing)} missing {_sample(missing)}, {len(extra)} not generated {_sample(extra)}")
     out.add("bronze: raw bytes unchanged", not changed, f"{len(changed)} lines differ {_sample(changed)}")
 
-    silver_ids = [r.event_id for r in read("silver", "camera_events").select("event_id").collect()]
+
+def _check_silver(out: Checks, read, expected, silver_table: str) -> None:
+    silver_ids = [r.event_id for r in read("silver", silver_table).select("event_id").collect()]
     quarantined = {r.event_id for r in read("silver", "quarantine").where("event_id IS NOT NULL")
                    .select("event_id").collect()}
     dup_events = len(silver_ids) - len(set(silver_ids))
@@ -88,11 +97,12 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
             f"{len(expected.events & quarantined - silver)} quarantined, {len(unaccounted)} elsewhere "
             f"against {late} counted as dropped too late")
 
+
+def _check_booked(out: Checks, read, cfg) -> None:
     # A batch committed to its checkpoint is never run again, so its ops.batch_accounting row
     # (written inside the batch, before the commit) must exist, or its drop counts are lost.
     # A no-data batch (watermark only) read no row, so it dropped none and may have no row.
     from common.lineage import read_nothing
-
     from gold.tables import gold_tables
 
     booked = {}
@@ -109,6 +119,8 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
     out.add("ops.batch_accounting: a row for every committed batch", not unbooked,
             f"missing rows: {unbooked}" if unbooked else "every committed batch booked")
 
+
+def _check_audit(out: Checks, audit_code: int, audit_report: dict | None) -> None:
     if audit_report is None:
         out.add("audit passes", False, f"audit exit {audit_code}, no JSON report")
     else:
@@ -121,7 +133,6 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
                 s = t["prefix_summary"]
                 out.add(f"audit {t['table']} = batch recompute, every version", not s["FAIL"] and s["PASS"],
                         f"{s['PASS']} PASS, {s['FAIL']} FAIL, {s['SKIP']} SKIP")
-    return out
 
 
 def _bytes(raw) -> bytes:
