@@ -105,6 +105,9 @@ def spark_condition(error: BaseException) -> str | None:
 def jvm_chain(error: BaseException, limit: int = 32) -> list:
     """The JVM throwables behind a Spark error, outermost first, causes and suppressed ones."""
     origin = getattr(error, "_origin", None)
+    while origin is None and getattr(error, "_cause", None) is not None:
+        error = error._cause            # PySpark kept only the text of this one; its cause may have more
+        origin = getattr(error, "_origin", None)
     if origin is None:
         return []
     chain, todo, seen = [], [origin], set()

@@ -1,0 +1,79 @@
+"""Errors by type: Spark's failures read through their conditions and JVM exception classes, a
+batch's typed error handed to the runner across Spark's foreachBatch boundary, and tools that end
+on one of our errors with its message and exit code."""
+from __future__ import annotations
+
+import pytest
+from pyspark.errors import PySparkException, StreamingQueryException
+from pyspark.sql import functions as F
+
+from common.errors import (JobError, LakehouseError, QueryFailed, caused_by, command, describe,
+                           exit_code, kept_for_runner, spark_condition, take_failure)
+
+
+def test_a_spark_error_is_known_by_its_condition(spark, tmp_path):
+    with pytest.raises(PySparkException) as caught:
+        spark.sql(f"SELECT * FROM delta.`{tmp_path / 'nothing-here'}`").collect()
+    condition = spark_condition(caught.value)
+    assert condition and condition.isupper()
+    text = describe(caught.value)
+    assert condition in text and "\tat " not in text and "JVM stacktrace" not in text
+    assert spark_condition(ValueError("not Spark's")) is None
+
+
+def test_the_jvm_classes_behind_a_failure_are_found_without_reading_its_text(spark, tmp_path):
+    """As with a Kafka fetch that fails on an executor: the query's error wraps the job's abort,
+    which wraps the task's own exception."""
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+             .select(F.raise_error(F.lit("an executor gave up")).alias("x"))
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    with pytest.raises(StreamingQueryException) as caught:
+        query.awaitTermination(60)
+    error = caught.value
+    assert caused_by(error, "org.apache.spark.SparkRuntimeException")       # the task's, two causes down
+    assert caused_by(error, "java.lang.RuntimeException")                   # subclasses count
+    assert caused_by(error, "org.apache.spark.SparkRuntimeException", raised_in="org.apache.spark")
+    assert not caused_by(error, "java.lang.NullPointerException")
+    assert not caused_by(error, "org.apache.spark.SparkRuntimeException", raised_in="org.example")
+    assert not caused_by(ValueError("no JVM behind it"), "java.lang.Throwable")
+
+
+def test_a_batch_hands_its_typed_error_to_the_runner(spark, tmp_path):
+    class Broken(JobError):
+        pass
+
+    def body(df, batch_id):
+        with kept_for_runner("typed_errors_probe"):
+            raise Broken(f"batch {batch_id} cannot go on")
+
+    take_failure("typed_errors_probe")
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+             .writeStream.queryName("typed_errors_probe").foreachBatch(body)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    with pytest.raises(StreamingQueryException) as caught:
+        query.awaitTermination(60)
+    typed = take_failure("typed_errors_probe")
+    assert isinstance(typed, Broken) and str(typed) == "batch 0 cannot go on"
+    assert take_failure("typed_errors_probe") is None                      # taken once
+    failed = QueryFailed("typed_errors_probe", caught.value)
+    assert failed.condition and str(failed).startswith("query typed_errors_probe failed: ")
+    assert exit_code(typed) == 2 and exit_code(caught.value) == 1
+
+
+def test_a_tool_ends_on_our_error_with_its_message_and_code(capsys):
+    @command
+    def tool(argv):
+        if argv == ["bad"]:
+            raise JobError("the input names no table")
+        if argv == ["broken"]:
+            raise LakehouseError("an invariant broke")
+        if argv == ["bug"]:
+            raise KeyError("a bug keeps its traceback")
+        return 0
+
+    assert tool([]) == 0
+    assert tool(["bad"]) == 2
+    assert capsys.readouterr().err == "error: the input names no table\n"
+    assert tool(["broken"]) == 1
+    with pytest.raises(KeyError):
+        tool(["bug"])
