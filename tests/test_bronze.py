@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from bronze import generator as gen
+from tools.generator import events as gen
 from bronze.job import start
 from common.config import load_config
 from common.log import message_of

@@ -28,7 +28,7 @@ from common.config import TABLES as ALL_TABLES
 from common.config import load_config
 from common.quality import load_suites
 from common.lineage import batch_watermark_ms, parse, read_nothing
-from common.streaming import JobError
+from common.errors import JobError
 from gold import sessions as S
 from gold.job import GoldBatch, start
 from gold.tables import gold_tables

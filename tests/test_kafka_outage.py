@@ -135,7 +135,7 @@ def test_bronze_restarts_its_kafka_query_after_a_broker_outage_and_loses_nothing
 
 def test_bronze_gives_up_with_a_clear_error_when_the_broker_stays_away(env):
     from bronze.job import _wait_for_broker
-    from common.streaming import JobError
+    from common.errors import JobError
 
     dead = f"127.0.0.1:{free_port()}"   # nothing listens there
     cfg = load_config(env=dict(env, KAFKA_BOOTSTRAP=dead, LAKEHOUSE__KAFKA__CONNECT_TIMEOUT="1 second",

@@ -465,7 +465,7 @@ def test_a_locations_update_applies_to_later_batches_of_a_running_query(spark, c
 # --- end to end on generated data ----------------------------------------------------------
 
 def test_generated_data_end_to_end(spark, cfg, env, tmp_path, monkeypatch):
-    from bronze import generator as gen
+    from tools.generator import events as gen
     from bronze.job import start as start_bronze
 
     for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR"):
