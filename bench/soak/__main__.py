@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 
-from bench.soak.run import run
 from bench.soak.settings import settings
 from common.errors import command
 
@@ -28,6 +27,9 @@ from common.errors import command
 @command
 def main(argv=None, prog: str = "python -m bench.soak") -> int:
     args, env, cfg = settings(argv, prog, __doc__)
+    # Only now: --help and a usage error (exit 2) need neither Spark nor matplotlib.
+    from bench.soak.run import run
+
     return run(args, env, cfg)
 
 
