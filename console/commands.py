@@ -30,7 +30,7 @@ TOOLS = {
     "chaos": ("chaos.__main__", "kill -9 the pipeline at random points, then audit."),
     "bench": ("bench.run", "Throughput, incremental cost, latency and state bench."),
     "bench-audit": ("bench.audit_versions", "Time the audit of a gold table with many versions."),
-    "soak": ("bench.soak", "The pipeline at a steady feed; fails if a series grows."),
+    "soak": ("bench.soak.__main__", "The pipeline at a steady feed; fails if a series grows."),
     "kafka": ("tools.kafka_broker", "The local Kafka broker: up, down, status."),
     "s3": ("tools.s3_server", "The local S3-compatible server: up, down, status, env."),
     "class-archive": ("pipeline.class_archive", "Build the driver JVM's class-data sharing archive."),

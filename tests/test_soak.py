@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import KINDS, MB, checkpoint_settled_s, judge, settle_s, verdicts
+from bench.soak.judge import KINDS, MB, checkpoint_settled_s, judge, settle_s, verdicts
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.soak import KINDS, MB, fmt, series, summary_table  # noqa: E402
+from bench.soak.judge import KINDS, MB, fmt, series, summary_table  # noqa: E402
 from tools.report import grid  # noqa: E402
 
 SCALE = {"bytes": (MB, "MB"), "ms": (1000, "s")}
