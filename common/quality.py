@@ -13,9 +13,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from pydantic import model_validator
 
 from common.errors import DataQualityError, GateError, JobError
+from common.spec import Spec, Text, invalid, load, one_of, read_yaml, spec
 
 # GX would otherwise try to send usage analytics: jobs must not touch the network.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
@@ -29,12 +30,17 @@ class SuiteError(JobError, ValueError):
     """A suite file is malformed; the message names the file and the entry."""
 
 
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    expectation: str       # snake_case GX expectation type
-    kwargs: dict
-    policy: str
+@spec
+class Rule(Spec):
+    name: Text
+    expectation: Text      # snake_case GX expectation type
+    kwargs: dict           # none in the file: {}
+    policy: one_of(*POLICIES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kwargs_optional(cls, raw):
+        return {**raw, "kwargs": raw.get("kwargs") or {}} if isinstance(raw, dict) else raw
 
     def gx(self):
         import great_expectations as gx
@@ -43,8 +49,8 @@ class Rule:
         return cls(**self.kwargs)
 
 
-@dataclass(frozen=True)
-class Suite:
+@spec
+class Suite(Spec):
     name: str
     table: str
     rules: tuple[Rule, ...]
@@ -68,65 +74,51 @@ def _camel(snake: str) -> str:
     return "".join(part.capitalize() for part in snake.split("_"))
 
 
-def _parse_rules(entries, where: str, row_id: str | None) -> tuple[Rule, ...]:
-    import great_expectations as gx
+@spec
+class SuiteFile(Spec):
+    """A suite file: either one table (`table:` + `expectations:`) or several (`tables:`)."""
+    suite: Text
+    row_id: Text | None = None
+    table: Text | None = None
+    expectations: tuple[Rule, ...] | None = None
+    tables: dict[str, tuple[Rule, ...]] | None = None
 
-    if not isinstance(entries, list) or not entries:
-        raise SuiteError(f"{where}: expected a non-empty list of expectations")
-    rules, names = [], set()
-    for i, e in enumerate(entries):
-        at = f"{where}[{i}]"
-        if not isinstance(e, dict):
-            raise SuiteError(f"{at}: expected a mapping")
-        unknown = set(e) - {"name", "expectation", "kwargs", "policy"}
-        if unknown:
-            raise SuiteError(f"{at}: unknown key(s) {sorted(unknown)}")
-        for key in ("name", "expectation", "policy"):
-            if not e.get(key):
-                raise SuiteError(f"{at}: missing '{key}'")
-        if e["name"] in names:
-            raise SuiteError(f"{at}: duplicate name '{e['name']}'")
-        names.add(e["name"])
-        if e["policy"] not in POLICIES:
-            raise SuiteError(f"{at} ({e['name']}): policy must be one of {', '.join(POLICIES)}, "
-                             f"got {e['policy']!r}")
-        if e["policy"] == "quarantine" and not row_id:
-            raise SuiteError(f"{at} ({e['name']}): policy 'quarantine' needs the suite's 'row_id'")
-        if not hasattr(gx.expectations, _camel(e["expectation"])):
-            raise SuiteError(f"{at} ({e['name']}): unknown Great Expectations expectation "
-                             f"'{e['expectation']}'")
-        rule = Rule(e["name"], e["expectation"], dict(e.get("kwargs") or {}), e["policy"])
-        try:
-            rule.gx()
-        except Exception as err:  # pydantic validation of the kwargs
-            raise SuiteError(f"{at} ({e['name']}): bad kwargs for {e['expectation']}: {err}") from None
-        rules.append(rule)
-    return tuple(rules)
+    @property
+    def by_table(self) -> dict[str, tuple[tuple, tuple[Rule, ...]]]:
+        """table -> (its key in the file, its rules)."""
+        if self.tables is not None:
+            return {t: (("tables", t), rules) for t, rules in self.tables.items()}
+        return {self.table: (("expectations",), self.expectations or ())} if self.table else {}
+
+    @model_validator(mode="after")
+    def _runnable(self):
+        import great_expectations as gx
+
+        if not self.by_table:
+            invalid("table", "needs 'table' + 'expectations' or 'tables'")
+        for key, rules in self.by_table.values():
+            if not rules:
+                invalid(*key, "expected a non-empty list of expectations")
+            names = [r.name for r in rules]
+            for i, rule in enumerate(rules):
+                if rule.name in names[:i]:
+                    invalid(*key, i, "name", f"duplicate name '{rule.name}'")
+                if rule.policy == "quarantine" and not self.row_id:
+                    invalid(*key, i, "policy", "policy 'quarantine' needs the suite's 'row_id'")
+                if not hasattr(gx.expectations, _camel(rule.expectation)):
+                    invalid(*key, i, "expectation", f"unknown Great Expectations expectation '{rule.expectation}'")
+                try:
+                    rule.gx()
+                except Exception as err:  # pydantic validation of the kwargs
+                    invalid(*key, i, "kwargs", f"bad kwargs for {rule.expectation}: {err}")
+        return self
 
 
 def load_suites(path: str | Path) -> dict[str, Suite]:
-    """Read a suite file: either one table (`table:` + `expectations:`) or several (`tables:`)."""
+    """Read a suite file (SuiteFile) into its suites, by table."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise SuiteError(f"{path}: cannot read suite: {e}") from None
-    if not isinstance(raw, dict) or "suite" not in raw:
-        raise SuiteError(f"{path}: expected a mapping with a 'suite' name")
-    unknown = set(raw) - {"suite", "table", "row_id", "expectations", "tables"}
-    if unknown:
-        raise SuiteError(f"{path}: unknown key(s) {sorted(unknown)}")
-    row_id = raw.get("row_id")
-    if "tables" in raw:
-        tables = raw["tables"]
-        if not isinstance(tables, dict):
-            raise SuiteError(f"{path}: 'tables' must map table names to expectation lists")
-    elif "table" in raw:
-        tables = {raw["table"]: raw.get("expectations")}
-    else:
-        raise SuiteError(f"{path}: needs 'table' + 'expectations' or 'tables'")
-    return {t: Suite(raw["suite"], t, _parse_rules(rules, f"{path}: {t}", row_id), row_id, str(path))
-            for t, rules in tables.items()}
+    f = load(SuiteFile, read_yaml(path, SuiteError), path, SuiteError)
+    return {t: Suite(f.suite, t, rules, f.row_id, str(path)) for t, (_, rules) in f.by_table.items()}
 
 
 class QualityGate:

@@ -17,8 +17,7 @@ def interval(cfg: Config, layer: str | None = None):
     """The layer's own processing-time interval, or the shared one. TRIGGER_INTERVAL (or
     --interval) overrides them all."""
     own = getattr(cfg.streaming, f"{layer}_interval", None) if layer else None
-    forced = getattr(cfg, "streaming_interval_forced", False)
-    return own if own is not None and not forced else cfg.streaming.trigger_interval
+    return own if own is not None and not cfg.streaming_interval_forced else cfg.streaming.trigger_interval
 
 
 def stop_between_batches(query, timeout: float = 600) -> None:

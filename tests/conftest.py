@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import TABLES, load_config
+from common.config import load_config
+
+TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -23,8 +23,10 @@ from audit.__main__ import run_audit
 from audit.history import table_history
 from audit.report import render
 from audit.restore import main as restore_main
-from common.config import TABLES, load_config
+from common.config import load_config
 from common.lineage import parse
+
+TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
 
 NO_DATA_CHANGE = ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES")
 

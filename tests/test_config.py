@@ -32,7 +32,7 @@ def test_defaults_follow_the_layout_rule(tmp_path, monkeypatch):
     assert cfg.table_name("gold", "device_sessions") == "gold.device_sessions"
     assert cfg.checkpoint("silver") == str(tmp_path / "lakehouse" / "_checkpoints" / "silver")
     assert cfg.landing == tmp_path / "lakehouse" / "landing" / "nest"
-    assert cfg.gold.session_gap.seconds == 1800
+    assert cfg.gold.windows["session_gap"].seconds == 1800
     assert cfg.silver.dedup_watermark.spark() == "7200 seconds"
     assert cfg.spark.master == "local[*]"
 
@@ -40,11 +40,11 @@ def test_defaults_follow_the_layout_rule(tmp_path, monkeypatch):
 def test_environment_overrides(tmp_path):
     cfg = load_config(env=clean_env(LAKEHOUSE_ROOT=str(tmp_path / "r"), LANDING=str(tmp_path / "in"),
                                     KAFKA_BOOTSTRAP="127.0.0.1:1234",
-                                    LAKEHOUSE__GOLD__SESSION_GAP="15 minutes"))
+                                    LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP="15 minutes"))
     assert cfg.root == tmp_path / "r"
     assert cfg.landing == tmp_path / "in"
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:1234"
-    assert cfg.gold.session_gap.seconds == 900
+    assert cfg.gold.windows["session_gap"].seconds == 900
 
 
 def test_unknown_key_names_key_and_file(tmp_path):
@@ -64,7 +64,7 @@ def test_bad_duration_names_key_and_file(tmp_path):
 
 def test_missing_key_names_key_and_file(tmp_path):
     path = write_conf(tmp_path, lambda raw: raw["paths"].pop("lakehouse_root"))
-    with pytest.raises(ConfigError, match=r"missing key 'paths.lakehouse_root'") as err:
+    with pytest.raises(ConfigError, match=r"key 'paths.lakehouse_root': missing") as err:
         load_config(path, env=clean_env())
     assert str(path) in str(err.value)
 

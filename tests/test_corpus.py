@@ -25,7 +25,9 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
-from common.config import TABLES, load_config
+from common.config import load_config
+
+TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"

@@ -230,7 +230,7 @@ def test_gaps_within_a_camera_are_bimodal_short_in_bursts_long_when_idle(params)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sessions_last_minutes_to_an_hour_or_two(params, cfg, seed):
     batch = gen.generate(3000, params, seed)
-    s = batch.sessions(cfg.gold.session_gap.seconds)
+    s = batch.sessions(cfg.gold.windows["session_gap"].seconds)
     assert s["gap_minutes"] == 30
     # Cameras come back to life many times over the span (the old every-70-s feed: one session
     # per camera, lasting the whole 6 hours).
@@ -329,7 +329,7 @@ def test_written_files_hold_exactly_the_defects_and_sessions_the_manifest_counts
             times.setdefault(d, []).append(t)
     assert found == {k: m[k] for k in found}
     assert all(found[k] > 0 for k in found), found
-    assert m["sessions"] == session_summary(times, cfg.gold.session_gap.seconds)
+    assert m["sessions"] == session_summary(times, cfg.gold.windows["session_gap"].seconds)
     assert m["span_s"] * 1000 > max(t for ts in times.values() for t in ts) - _ms(m["start"])
 
 

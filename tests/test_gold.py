@@ -24,7 +24,6 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
-from common.config import TABLES as ALL_TABLES
 from common.config import load_config
 from common.quality import load_suites
 from common.lineage import batch_watermark_ms, parse, read_nothing
@@ -37,7 +36,7 @@ T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 T0_MS = int(T0.timestamp() * 1000)
 MIN = 60_000                       # one minute in ms
 HOUR = 60 * MIN
-GAP_MS = 30 * MIN                  # conf: gold.session_gap
+GAP_MS = 30 * MIN                  # conf: gold.windows.session_gap
 WATERMARK_MS = HOUR                # conf: gold.watermark
 NEST = load_config(env={}).profile   # these tests are about the default (nest) feed
 TABLES = gold_tables(NEST)
@@ -64,7 +63,7 @@ def lakehouse_cfg(root: Path, **overrides: str):
 
 def drop_names(spark) -> None:
     """Forget table names registered for a lakehouse root (names are per process)."""
-    for layer, tables in ALL_TABLES.items():
+    for layer, tables in load_config(env={}).tables.items():
         for table in tables:
             spark.sql(f"DROP TABLE IF EXISTS {layer}.{table}")
 
@@ -305,8 +304,8 @@ def windowed(spark, tmp_path_factory):
     """All three gold queries over two appends; the second has out-of-order and late events.
     Sessions here use a 20 minute gap, from the environment, to show the setting is honoured."""
     cfg = lakehouse_cfg(tmp_path_factory.mktemp("gold-windowed"),
-                        LAKEHOUSE__GOLD__SESSION_GAP="20 minutes")
-    assert cfg.gold.session_gap.seconds == 20 * 60
+                        LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP="20 minutes")
+    assert cfg.gold.windows["session_gap"].seconds == 20 * 60
     batches = windowed_batches()
     runs = []
     for i, events in enumerate(batches):

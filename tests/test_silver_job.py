@@ -20,7 +20,7 @@ from pyspark.errors import StreamingQueryException
 
 from common import accounting
 from common import delta as common_delta
-from common.config import TABLES, load_config
+from common.config import load_config
 from common.delta import ensure_table
 from common.lineage import read_nothing
 from common.quality import load_suites
@@ -29,6 +29,8 @@ from silver import job as silver_job
 from silver import transform as T
 from silver.job import QUERY, SilverBatch, start
 from silver.locations import seed
+
+TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
 
 INGEST = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
 KNOWN = [("cam-0001", "02108", "Boston", "MA"), ("cam-0002", "94105", "San Francisco", "CA"),

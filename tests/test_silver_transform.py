@@ -334,10 +334,10 @@ def test_the_shipped_suite_loads(silver_conf):
 
 
 @pytest.mark.parametrize("rule,row_id,message", [
-    ({**GOOD_RULE, "policy": "block"}, "event_id", "policy must be one of warn, quarantine, fail"),
+    ({**GOOD_RULE, "policy": "block"}, "event_id", "expected one of warn, quarantine, fail"),
     ({**GOOD_RULE, "expectation": "expect_column_to_be_purple"}, "event_id",
      "unknown Great Expectations expectation 'expect_column_to_be_purple'"),
-    ({k: v for k, v in GOOD_RULE.items() if k != "name"}, "event_id", "missing 'name'"),
+    ({k: v for k, v in GOOD_RULE.items() if k != "name"}, "event_id", "name': missing"),
     ({**GOOD_RULE, "policy": "quarantine"}, None, "policy 'quarantine' needs the suite's 'row_id'"),
 ], ids=["unknown policy", "unknown expectation", "missing name", "quarantine without row_id"])
 def test_bad_suites_name_the_file_and_the_problem(tmp_path, rule, row_id, message):

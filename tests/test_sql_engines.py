@@ -18,9 +18,11 @@ import sqlglot
 from sqlglot import exp
 
 from common.catalog import register_tables
-from common.config import TABLES, load_config
+from common.config import load_config
 from tools.embedded_sql import EmbeddedEngine, QueryError, Unsupported
 from tools.sql import Runner, _statements, main, run_query
+
+TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
 
 REPO = Path(__file__).resolve().parent.parent
 GOLD = "gold.zip_hourly_sightings"

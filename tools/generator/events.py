@@ -241,6 +241,12 @@ def write_files(records: list[Record], landing: Location, seed: int, n_files: in
     return paths
 
 
+def locations_csv(cfg) -> Path:
+    """The device dimension these records join: the profile's (nest: device_locations.csv under
+    paths.reference), or that same file when a profile without one is selected."""
+    return cfg.locations_csv or cfg.reference / "device_locations.csv"
+
+
 def write_locations(path: Location, devices: int) -> None:
     rows = ["device_id,zip_code,city,state"]
     rows += [",".join((d, *LOCATIONS[i % len(LOCATIONS)])) for i, d in enumerate(known_ids(devices))]
@@ -350,7 +356,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
     except ValueError as e:   # e.g. more events than milliseconds in --span
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_locations(cfg.locations_csv, params.devices)
+    locations = locations_csv(cfg)
+    write_locations(locations, params.devices)
     files: list[Location] = []
     topic = None
     try:
@@ -361,11 +368,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
     except SinkError as e:
         log.error(str(e))
         return 1
-    sessions = batch.sessions(cfg.gold.session_gap.seconds)
+    sessions = batch.sessions(cfg.gold.windows["session_gap"].seconds)   # nest's session gap
     manifest = {"records": len(batch.records), **batch.counts, "malformed_kinds": batch.malformed_kinds,
                 "start": _iso(params.start_ms), "span_s": batch.span_s, "sessions": sessions,
                 "seed": args.seed, "sink": args.sink, "files": [str(f) for f in files], "topic": topic,
-                "locations": str(cfg.locations_csv)}
+                "locations": str(locations)}
     if args.manifest:
         args.manifest.parent.mkdir(parents=True, exist_ok=True)
         args.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
