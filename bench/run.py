@@ -400,8 +400,7 @@ def main(argv=None, prog: str = "python -m bench.run") -> int:
     result = {"events": args.events, "seed": args.seed, "cores": os.cpu_count(), "sections": sorted(args.sections),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "load_at_start": [round(x, 1) for x in os.getloadavg()], **provenance()}
-    root = run_dir / "lakehouse"
-    env = base_env(root)
+    env = base_env(run_dir / "lakehouse")
     cfg = load_config(env=env)
     session = Session(cfg)
     errors = result.setdefault("errors", {})
@@ -416,36 +415,50 @@ def main(argv=None, prog: str = "python -m bench.run") -> int:
             return None
 
     try:
-        if args.sections & set("abcfg"):
-            log(f"generating {args.events:,} events")
-            manifest = phase("generate", generate, env, run_dir, args.events, args.seed, ("--span", SPAN))
-            if manifest:
-                result["records"] = manifest["records"]
-                if "a" in args.sections:
-                    log("(a) engine ceiling: landing files -> explode -> noop, by spark.read.text and by binaryFile")
-                    from bench.ceiling import measure
-                    result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events,
-                                                                        cfg.profile))
-                if args.sections & set("bcf"):
-                    result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
-                                                 result.get("ceiling"))
-                    result["quality"] = phase("f", quality, session, cfg)
-                if "g" in args.sections:
-                    result["baseline"] = phase("g", baseline, session, cfg, run_dir, args.events,
-                                               result.get("throughput"))
-                if "c" in args.sections and result.get("throughput"):
-                    result["incremental"] = phase("c", incremental, session, cfg, env, run_dir, manifest, args.seed)
-        if args.sections & set("de"):
-            streamed = phase("d,e", stream_phase, args, run_dir)
-            if streamed:
-                latency, span, scfg = streamed
-                if "d" in args.sections:
-                    result["latency"] = latency
-                if "e" in args.sections:
-                    result["state"] = phase("e", state, session, scfg, span)
+        measure_figures(args, run_dir, env, cfg, session, result, phase)
     finally:
         session.stop()
-    result = {k: v for k, v in result.items() if v is not None and v != {}}
+    save(result, stamp, args, run_dir)
+    return 1 if errors else 0
+
+
+def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, phase) -> None:
+    """The selected figures, in the order that lets each reuse the one before (b needs the data
+    a generated, c appends to what b ran, e reads what d streamed)."""
+    if args.sections & set("abcfg"):
+        log(f"generating {args.events:,} events")
+        manifest = phase("generate", generate, env, run_dir, args.events, args.seed, ("--span", SPAN))
+        if manifest:
+            result["records"] = manifest["records"]
+            if "a" in args.sections:
+                log("(a) engine ceiling: landing files -> explode -> noop, by spark.read.text and by binaryFile")
+                from bench.ceiling import measure
+                result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events,
+                                                                    cfg.profile))
+            if args.sections & set("bcf"):
+                result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
+                                             result.get("ceiling"))
+                result["quality"] = phase("f", quality, session, cfg)
+            if "g" in args.sections:
+                result["baseline"] = phase("g", baseline, session, cfg, run_dir, args.events,
+                                           result.get("throughput"))
+            if "c" in args.sections and result.get("throughput"):
+                result["incremental"] = phase("c", incremental, session, cfg, env, run_dir, manifest, args.seed)
+    if args.sections & set("de"):
+        streamed = phase("d,e", stream_phase, args, run_dir)
+        if streamed:
+            latency, span, scfg = streamed
+            if "d" in args.sections:
+                result["latency"] = latency
+            if "e" in args.sections:
+                result["state"] = phase("e", state, session, scfg, span)
+
+
+def save(result: dict, stamp: str, args, run_dir: Path) -> None:
+    """The results as JSON and markdown in bench-results/, the table on stdout, and
+    docs/benchmark.md rewritten from them."""
+    for key in [k for k, v in result.items() if v is None or v == {}]:
+        del result[key]
     result["load_at_end"] = [round(x, 1) for x in os.getloadavg()]
     result["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     base = OUT / f"bench-{stamp}-{args.events}"
@@ -463,7 +476,6 @@ def main(argv=None, prog: str = "python -m bench.run") -> int:
     except OSError as e:   # the results are saved; a read-only checkout must not fail the run
         print(f"warning: could not rewrite the benchmark docs page: {e}", file=sys.stderr)
     print(summary.summary_line(result))
-    return 1 if errors else 0
 
 
 if __name__ == "__main__":
