@@ -13,10 +13,10 @@ from pyspark.errors import StreamingQueryException
 
 from common.accounting import executed_batches
 from common.delta import ensure_table
-from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.errors import JobError, caused_by
-from common.streaming import trigger
 from common.flow import Flow, Layer, Recovery
+from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
+from common.streaming import trigger
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,9 @@ def _kafka_replay_metrics_npe(error: StreamingQueryException) -> bool:
                      raised_in="org.apache.spark.sql.kafka010.KafkaMicroBatchStream")
 
 
+_BROKER_DOWN = ("TimeoutException", "DisconnectException", "NetworkException")   # org.apache.kafka.common.errors
+
+
 def _broker_unreachable(error: StreamingQueryException) -> bool:
     """The Kafka client's errors of an unreachable broker, on the driver (offset fetch through
     the admin client: retriable timeouts, disconnects, network errors) or on an executor (the
@@ -120,9 +123,6 @@ def _broker_unreachable(error: StreamingQueryException) -> bool:
     return (any(caused_by(error, f"org.apache.kafka.common.errors.{name}") for name in _BROKER_DOWN)
             or caused_by(error, "java.util.concurrent.TimeoutException",
                          raised_in="org.apache.spark.sql.kafka010"))
-
-
-_BROKER_DOWN = ("TimeoutException", "DisconnectException", "NetworkException")
 
 
 class KafkaRecovery(Recovery):
