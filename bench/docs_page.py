@@ -79,7 +79,7 @@ below, and marks each target met or MISSED; this page is written by the bench it
 
 ```bash
 make bench                      # BENCH_N events, default 1,000,000
-make bench N=20000              # fewer events
+make bench BENCH_N=20000        # fewer events
 make bench ONLY=a,b,f,g         # a subset of the figures
 make bench BENCH_ARGS="--rate 5000 --stream-seconds 90 --interval '2 seconds'"
 .venv/bin/python -m bench.run --help
@@ -160,7 +160,7 @@ def render(record: dict | None, source: str | None = None) -> str:
         out.append(f"| ({letter}) | {name} | {how} | {target} |\n")
     out.append("\n" + READING + "\n## Latest run\n\n")
     if record is None:
-        out.append("No run has been recorded yet. `make bench` (or `make bench N=20000` for a quicker\n"
+        out.append("No run has been recorded yet. `make bench` (or `make bench BENCH_N=20000` for a quicker\n"
                    "one) measures the figures and writes them here; `python -m bench.docs_page`\n"
                    "rewrites this page from results already in `bench-results/`.\n")
         return "".join(out)

@@ -1,7 +1,7 @@
 """Benchmark: seven figures measured in one run on this machine.
 
     python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--stream-seconds 90]
-    (make bench BENCH_N=1000000, or make bench N=20000)
+    (make bench BENCH_N=1000000, or make bench BENCH_N=20000)
 
   a  engine ceiling: the landing files, raw schema and explode into Spark's noop sink, read
      both with spark.read.text and with bronze's binaryFile split; the faster is the ceiling
