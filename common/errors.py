@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
+import os
 import sys
 import threading
-
-log = logging.getLogger(__name__)
+import traceback
 
 
 class LakehouseError(Exception):
@@ -65,12 +64,6 @@ _FAILED: dict[str, LakehouseError] = {}
 _FAILED_LOCK = threading.Lock()
 
 
-def record_failure(query: str, error: LakehouseError) -> None:
-    """Keep the typed error a batch of `query` raised (the last one wins)."""
-    with _FAILED_LOCK:
-        _FAILED[query] = error
-
-
 @contextlib.contextmanager
 def kept_for_runner(query: str):
     """Around a foreachBatch body: a typed error it raises is kept for the runner, then raised
@@ -78,7 +71,8 @@ def kept_for_runner(query: str):
     try:
         yield
     except LakehouseError as e:
-        record_failure(query, e)
+        with _FAILED_LOCK:
+            _FAILED[query] = e              # the last one wins
         raise
 
 
@@ -142,13 +136,9 @@ def caused_by(error: BaseException, java_class: str, raised_in: str | None = Non
 def describe(error: BaseException) -> str:
     """What a user needs from an error: ours as its message; Spark's as its condition and the
     message without the JVM frames (a foreachBatch error keeps its Python traceback)."""
-    import os
-
     if isinstance(error, LakehouseError):
         return str(error)
     if os.environ.get("LAKEHOUSE_DEBUG"):
-        import traceback
-
         return "".join(traceback.format_exception(error))
     from pyspark.errors import PySparkException
 

@@ -231,7 +231,7 @@ def kafka_run(spark, tmp_path_factory, kafka_broker):
     from confluent_kafka import Producer
 
     from bronze.job import start as start_bronze
-    from tools.kafka_broker import ensure_topic
+    from common.kafka import ensure_topic
     from silver.job import start as start_silver
 
     topic = f"corpus-{uuid.uuid4().hex[:10]}"

@@ -42,7 +42,7 @@ def test_tables_are_visible_by_name_from_another_process(spark, cfg, env):
 def test_kafka_round_trip_through_real_broker(spark, kafka_broker):
     from confluent_kafka import Producer
 
-    from tools.kafka_broker import ensure_topic
+    from common.kafka import ensure_topic
 
     topic = "roundtrip"
     ensure_topic(kafka_broker.bootstrap, topic, partitions=2)

@@ -20,7 +20,8 @@ import pytest
 
 from tools.processes import kill_tree
 from common.config import load_config
-from tools.kafka_broker import Broker, ensure_topic
+from common.kafka import ensure_topic
+from tools.kafka_broker import Broker
 from tools.processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent

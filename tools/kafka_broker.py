@@ -17,7 +17,7 @@ from pathlib import Path
 from common.config import load_config
 from common.errors import command
 from common.jars import kafka_broker_classpath
-from common.kafka import BrokerError, ensure_topic, wait_for_kafka  # noqa: F401 (tools and tests use them from here too)
+from common.kafka import BrokerError, ensure_topic, wait_for_kafka
 from tools.processes import live_pid, port_open, terminate
 
 LOG4J2 = """\
