@@ -78,6 +78,13 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # Table maintenance (conf maintenance.*): auto-compaction's threshold and the streaming
         # checkpoints' history.
         "spark.databricks.delta.autoCompact.minNumFiles": str(cfg.maintenance.auto_compact_min_files),
+        # Without these two, Delta ignores minNumFiles: it compacts every partition a commit
+        # touches as soon as it holds two files, so each table's first write of a run paid for an
+        # OPTIMIZE and a second commit on the batch's path. With them, a table is compacted once
+        # this process has seen minNumFiles small files in it (make maintain and the runner's
+        # maintenance compact what accumulates across runs).
+        "spark.databricks.delta.autoCompact.earlySkipPartitionTable.enabled": "true",
+        "spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false",
         "spark.sql.streaming.minBatchesToRetain": str(cfg.maintenance.min_batches_to_retain),
         # Delta refuses time travel past delta.deletedFileRetentionDuration counted in whole hours,
         # so a horizon under an hour (the soak's) would refuse every old version. The audit checks

@@ -39,6 +39,26 @@ def test_every_table_carries_the_retention_of_conf_and_a_changed_conf_applies_at
     assert props["delta.autoOptimize.autoCompact"] == "false"
 
 
+def test_auto_compaction_waits_for_auto_compact_min_files(spark, cfg):
+    """Delta's default compacts every touched partition from its second file on: an OPTIMIZE and
+    a second commit after a table's first write of every run. The session's settings make it
+    wait for conf maintenance.auto_compact_min_files small files."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    path = ensure_table(spark, cfg, "ops", "dq_results", StructType([StructField("n", LongType())]))
+    key = "spark.databricks.delta.autoCompact.minNumFiles"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "6")
+    try:
+        for i in range(4):      # two files each: 2, 4, 6 (compacted to 1), 3
+            spark.range(i * 10, i * 10 + 10, numPartitions=2).toDF("n").write.format("delta").mode("append").save(path)
+    finally:
+        spark.conf.set(key, before)
+    operations = list(reversed(_operations(spark, path)))
+    assert operations.count("OPTIMIZE") == 1, operations
+    assert operations.index("OPTIMIZE") == 4, operations       # after the third write (version 3)
+
+
 def test_maintenance_compacts_only_a_table_with_enough_files_and_vacuums_lite(spark, env, cfg):
     from pipeline.maintenance import maintain_table
     from common.delta import live_files
