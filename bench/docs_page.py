@@ -65,12 +65,17 @@ FIGURES = [
      "Python and JVM start-up, with the share of the CPU other processes took during each run "
      "(`bench/contention.py`, from `/proc`: on a shared machine the ratio means little if only one "
      "of them ran under load).", "baseline"),
+    ("h", "empty batches",
+     "Per query, the median duration of its batches that read no row (they move the watermark, "
+     "evict state, close sessions the watermark passed), from `ops.query_progress`: in (b)'s "
+     "`run-all` (each query's last, watermark-only batch) and in the streaming run of (d, e).",
+     "empty"),
 ]
 
 HEAD = """\
 # Benchmark
 
-`make bench` measures seven figures of the pipeline on this machine in one run, (a) to (g)
+`make bench` measures eight figures of the pipeline on this machine in one run, (a) to (h)
 below, and marks each target met or MISSED; this page is written by the bench itself
 (`bench/docs_page.py`) from the results it saved in `bench-results/`, so do not edit it by hand:
 `python -m bench.docs_page` rebuilds it from the latest saved results without running the bench.
@@ -81,7 +86,7 @@ below, and marks each target met or MISSED; this page is written by the bench it
 make bench                      # BENCH_N events, default 1,000,000
 make bench BENCH_N=20000        # fewer events
 make bench ONLY=a,b,f,g         # a subset of the figures
-make bench BENCH_ARGS="--rate 5000 --stream-seconds 90 --interval '2 seconds'"
+make bench BENCH_ARGS="--rate 5000 --stream-seconds 300 --interval '2 seconds'"
 .venv/bin/python -m bench.run --help
 ```
 

@@ -1,4 +1,4 @@
-"""Benchmark: seven figures measured in one run on this machine.
+"""Benchmark: eight figures measured in one run on this machine.
 
     python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--stream-seconds 90]
     (make bench BENCH_N=1000000, or make bench BENCH_N=20000)
@@ -15,6 +15,8 @@
   g  the same three layers as plain Structured Streaming (bench/baseline.py: one session,
      available-now, append, no gates/accounting/lineage/MERGE) on its own fresh lakehouse over
      the same landing files, run after (b); `make run-all`'s wall over the baseline's wall
+  h  the median duration of batches that read no row, per query, in (b)'s run-all and in the
+     streaming run of (d, e)
 
 d and e come from the same streaming run (fresh lakehouse); a, b, c, f and g read the first
 one's landing files (g runs before c appends to them).
@@ -360,6 +362,17 @@ def state(session, cfg, span: dict) -> dict:
             "by_query": by_query}
 
 
+def empty_batches(session, cfg) -> dict:
+    """Per query, the median duration of its batches that read no row (they only move the
+    watermark, or close what it passed: session timeouts), from ops.query_progress."""
+    path = cfg.table_path("ops", "query_progress")
+    rows = session.sql(
+        f"SELECT query_name, count(*) AS n, percentile(batch_duration_ms, 0.5) AS p50 "
+        f"FROM delta.`{path}` WHERE event = 'progress' AND batch_id IS NOT NULL AND input_rows = 0 "
+        f"GROUP BY query_name ORDER BY query_name")
+    return {r["query_name"]: {"batches": r["n"], "median_s": round(r["p50"] / 1000, 2)} for r in rows}
+
+
 # --- driver --------------------------------------------------------------------------------
 
 def parse_args(argv, prog: str = "python -m bench.run"):
@@ -369,11 +382,12 @@ def parse_args(argv, prog: str = "python -m bench.run"):
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b,g (default: all seven)")
     p.add_argument("--rate", type=int, default=5000, help="(d, e) feed rate, events/s (default 5000)")
-    p.add_argument("--stream-seconds", type=float, default=90, help="(d, e) how long to feed (default 90)")
+    # Issue 16 judges latency and state over at least five minutes of feed.
+    p.add_argument("--stream-seconds", type=float, default=300, help="(d, e) how long to feed (default 300)")
     p.add_argument("--warmup-seconds", type=float, default=15,
                    help="(d) files landed in the feed's first seconds are not counted (default 15)")
-    p.add_argument("--drain-seconds", type=float, default=120,
-                   help="(d, e) after the feed, at most this long for gold to catch up (default 120)")
+    p.add_argument("--drain-seconds", type=float, default=300,
+                   help="(d, e) after the feed, at most this long for gold to catch up (default 300)")
     p.add_argument("--startup-timeout", type=float, default=300,
                    help="(d, e) at most this long for the three jobs to start (default 300)")
     p.add_argument("--interval", help="(d, e) TRIGGER_INTERVAL for every layer, e.g. '1 second' "
@@ -439,6 +453,7 @@ def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, 
                 result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
                                              result.get("ceiling"))
                 result["quality"] = phase("f", quality, session, cfg)
+                result.setdefault("empty_batches", {})["run_all"] = phase("b", empty_batches, session, cfg)
             if "g" in args.sections:
                 result["baseline"] = phase("g", baseline, session, cfg, run_dir, args.events,
                                            result.get("throughput"))
@@ -452,6 +467,7 @@ def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, 
                 result["latency"] = latency
             if "e" in args.sections:
                 result["state"] = phase("e", state, session, scfg, span)
+            result.setdefault("empty_batches", {})["stream"] = phase("d,e", empty_batches, session, scfg)
 
 
 def save(result: dict, stamp: str, args, run_dir: Path) -> None:

@@ -8,6 +8,7 @@ TARGETS = {
     "state": "gold state rows flat",
     "quality": "quality <= 10% of silver batch time",
     "baseline": "run-all <= 1.3x plain Structured Streaming",
+    "empty": "empty batch <= 1 s per query (median)",
 }
 
 
@@ -25,7 +26,9 @@ def verdicts(r: dict) -> dict[str, bool | None]:
     flat = get("state", "flat")
     share = get("quality", "silver_share")
     over = get("baseline", "run_all_over_baseline")
-    return {"end_to_end": None if ratio is None else ratio >= 0.25,
+    medians = [q["median_s"] for run in (r.get("empty_batches") or {}).values() for q in (run or {}).values()]
+    return {"empty": max(medians) <= 1.0 if medians else None,
+            "end_to_end": None if ratio is None else ratio >= 0.25,
             "incremental": None if inc is None else inc <= 0.25,
             "latency": None if p95 is None else p95 <= 10.0,
             "state": flat,
@@ -105,6 +108,13 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
                       f"during run-all, {pct(g['others_cpu_share'])} during the baseline")
         out.append((f"(g) plain Structured Streaming baseline, N = {_n(r['events'])}", value,
                     f"{TARGETS['baseline']}: {_mark(v['baseline'])}"))
+    e = {k: v for k, v in (r.get("empty_batches") or {}).items() if v}
+    if e:
+        names = {"run_all": "available-now run-all", "stream": "streaming phase"}
+        value = "; ".join(f"{names.get(run, run)}: " + ", ".join(
+            f"{q} {x['median_s']} s ({x['batches']})" for q, x in qs.items()) for run, qs in e.items())
+        out.append(("(h) median duration of batches that read no row, per query (how many)", value,
+                    f"{TARGETS['empty']}: {_mark(v['empty'])}"))
     return out
 
 

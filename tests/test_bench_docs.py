@@ -45,6 +45,9 @@ class FakeSession:
                 for q in ("gold_zip_hourly_sightings", "gold_device_activity", "gold_device_sessions"):
                     rows.append({"query_name": q, "t": T0 + i * 10_000, "state_rows": total, "wm": wm})
             return rows
+        if "input_rows = 0" in query:             # (h): batches that read no row, per query
+            return [{"query_name": "gold_device_sessions", "n": 2, "p50": 1_500},
+                    {"query_name": "silver", "n": 1, "p50": 400}]
         if "query_progress" in query:             # (b), (c): processing spans per layer
             return [{"query_name": "bronze_files", "t0": T0, "t1": T0 + 8_000},
                     {"query_name": "silver", "t0": T0 + 10_000, "t1": T0 + 33_000},
@@ -132,13 +135,14 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert "None" not in page
     # Every row of the bench's own table, with its mark, is in the page's table.
     rows = summary.rows(record)
-    assert {r[0][:3] for r in rows} == {f"({x})" for x in "abcdefg"}
+    assert {r[0][:3] for r in rows} == {f"({x})" for x in "abcdefgh"}
+    assert "gold_device_sessions 1.5 s (2), silver 0.4 s (1)" in page
     for figure, value, target in rows:
         assert f"| {figure} | {value} | {target} |" in page
     # Each target's verdict: these numbers meet some and miss others.
     v = summary.verdicts(record)
     assert v == {"end_to_end": False, "incremental": False, "latency": True, "state": True,
-                 "quality": False, "baseline": False}          # p95 between 5 and 10 s; 11% > 10%
+                 "quality": False, "baseline": False, "empty": False}   # p95 5-10 s; 11% > 10%; 1.5 s > 1 s
     for key, met in v.items():
         assert f"{summary.TARGETS[key]}: **{'met' if met else 'MISSED'}**" in page
     assert summary.summary_line(record) in page
