@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -128,13 +129,54 @@ def submit_properties(cfg: Config) -> str:
     return "# spark-submit --properties-file for this lakehouse (python -m common.spark --properties)\n" + "\n".join(lines) + "\n"
 
 
-def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] | None = None):
+def _worker_environment() -> None:
     # The Python workers (pandas UDFs, applyInPandasWithState) must use this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Python workers inherit this: pyspark 4.1's Arrow serializer trips a pandas FutureWarning
     # on every state batch, which would bury real messages in the job's output.
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+
+
+_launching: threading.Thread | None = None
+
+
+def prelaunch_jvm(cfg: Config) -> None:
+    """Start the driver JVM (only the JVM and its Py4J gateway: no SparkContext, no query) on a
+    thread, so its second of start-up overlaps what the caller does before build_spark (the
+    pipeline validates its suites with Great Expectations, whose import takes as long). The JVM
+    gets the flags build_spark would give it; build_spark then finds it running."""
+    global _launching
+    if submitted() or _launching is not None:
+        return
+    from pyspark import SparkConf
+
+    _worker_environment()
+    conf = SparkConf(loadDefaults=False).setAll(list(spark_conf(cfg).items()))
+    master = master_override(cfg)
+    if master:
+        conf.setMaster(master)
+    _launching = threading.Thread(target=_launch, args=(conf,), name="jvm-launch", daemon=True)
+    _launching.start()
+
+
+def _launch(conf) -> None:
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is None:
+            try:
+                SparkContext._gateway = launch_gateway(conf)
+                SparkContext._jvm = SparkContext._gateway.jvm
+            except Exception:   # noqa: BLE001 - build_spark launches it again and reports the error
+                pass
+
+
+def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] | None = None):
+    _worker_environment()
+    if _launching is not None:
+        _launching.join()
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name or cfg.spark.app_name)

@@ -76,6 +76,10 @@ def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | 
     only = set(args.only.split(",")) if getattr(args, "only", None) else None
     try:
         cfg = load_config(env=environment(args, os.environ if env is None else env))
+        if spark is None:
+            from common.spark import prelaunch_jvm
+
+            prelaunch_jvm(cfg)       # while declare validates the suites
         specs = declare(cfg, layers, only)
     except (ConfigError, SuiteError) as e:
         log.error(str(e))
