@@ -68,7 +68,8 @@ FIGURES = [
     ("h", "empty batches",
      "Per query, the median duration of its batches that read no row (they move the watermark, "
      "evict state, close sessions the watermark passed), from `ops.query_progress`: in (b)'s "
-     "`run-all` (each query's last, watermark-only batch) and in the streaming run of (d, e).",
+     "`run-all` (each query's last, watermark-only batch) and in the streaming run of (d, e); "
+     "a query's first batch of a run is left out (it pays for the query's start).",
      "empty"),
 ]
 
