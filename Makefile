@@ -49,12 +49,15 @@ lock: ## Re-resolve pyproject.toml's pins into requirements.lock in a scratch ve
 	mv $(LOCK).new $(LOCK) && rm -rf $(CACHE)/lock-venv
 	@echo "requirements.lock: $$(grep -vc '^#' $(LOCK)) packages"
 
-$(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3proxy/pom.xml jvm/settings.xml
+$(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3proxy/pom.xml jvm/settings.xml \
+              jvm/localfs/pom.xml $(wildcard jvm/localfs/src/main/java/lakehouse/fs/*.java)
 	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the JVM jars"; exit 1; }
 	@command -v java >/dev/null || { echo "error: a JDK 17 (java) is required"; exit 1; }
 	@# Fetch beside the live folders and swap at the end, so running jobs never see a half-empty cache.
 	rm -rf $(CACHE)/jars/.new && mkdir -p $(CACHE)/jars/.new
 	$(MVN) -f jvm/spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/spark
+	$(MVN) -f jvm/localfs/pom.xml package -Dmaven.test.skip=true -Dout=$(CURDIR)/$(CACHE)/build/localfs
+	cp $(CACHE)/build/localfs/lakehouse-localfs-1.jar $(CACHE)/jars/.new/spark/
 	$(MVN) -f jvm/kafka-broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/kafka
 	$(MVN) -f jvm/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/s3a
 	$(MVN) -f jvm/s3proxy/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/s3proxy

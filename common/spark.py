@@ -17,6 +17,8 @@ FAIR_POOLS = CONF_DIR / "fairscheduler.xml"
 # The driver's log: Spark's warnings without the noise every healthy run logs (see the file).
 LOG_CONFIG = f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+LOCAL_FS = "lakehouse.fs.NioLocalFileSystem"
+LOCAL_FS_CONTEXT = "lakehouse.fs.NioLocalFs"
 
 
 # C1 only, with a code cache large enough that C1 never fills it and switches the JIT off mid-run.
@@ -67,6 +69,11 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # with the watermark, and uncompacted their tombstones kept its snapshots at 2-3x the live
         # keys and its checkpoint folder growing for the first 40 batches of the 30-minute soak.
         "spark.sql.streaming.stateStore.rocksdb.compactOnCommit": "true",
+        # Local paths through Java's file API instead of Hadoop's shell-outs (jvm/localfs): without
+        # Hadoop's native library every file created forked `chmod` and every checkpoint or log
+        # rename `readlink`, half the CPU of a streaming run in system time. Checksums unchanged.
+        "spark.hadoop.fs.file.impl": LOCAL_FS,
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": LOCAL_FS_CONTEXT,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(cfg.spark.shuffle_partitions),
         "spark.default.parallelism": str(cfg.spark.shuffle_partitions),
