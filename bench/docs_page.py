@@ -125,6 +125,13 @@ Where the time goes is fixed costs, not rows:
   GX). A JFR profile of it put ~20% of the JVM's CPU in generating and compiling code for the
   many small plans; whole-stage codegen is now off (`common/spark.py`), which helps below a
   million events and costs nothing at a million.
+- Local files go through `jvm/localfs` (Java's file API): Hadoop without its native library
+  forked `chmod` for every file it created and `readlink` for every checkpoint or log rename,
+  and a streaming run spent half its CPU in system time doing so. The baseline (g) uses it too.
+- In the streaming run (d) the driver JVM is busy: silver's batches wait for task slots that
+  gold's three queries and bronze hold, gold's 30-second interval plus its 12-17 s batches are
+  most of the latency, and shorter intervals only add per-batch fixed costs (1 s for every
+  layer gave a worse p95). On 2 cores the layers together reach about 6,400 silver rows/s.
 - Run to run, the same command varies by about 10% on this machine: compare figures of one run.
 """
 
