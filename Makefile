@@ -50,7 +50,7 @@ lock: ## Re-resolve pyproject.toml's pins into requirements.lock in a scratch ve
 	@echo "requirements.lock: $$(grep -vc '^#' $(LOCK)) packages"
 
 $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3proxy/pom.xml jvm/settings.xml \
-              jvm/localfs/pom.xml $(wildcard jvm/localfs/src/main/java/lakehouse/fs/*.java)
+              jvm/localfs/pom.xml $(wildcard jvm/localfs/src/main/java/localfs/*.java)
 	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the JVM jars"; exit 1; }
 	@command -v java >/dev/null || { echo "error: a JDK 17 (java) is required"; exit 1; }
 	@# Fetch beside the live folders and swap at the end, so running jobs never see a half-empty cache.

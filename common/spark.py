@@ -17,8 +17,8 @@ FAIR_POOLS = CONF_DIR / "fairscheduler.xml"
 # The driver's log: Spark's warnings without the noise every healthy run logs (see the file).
 LOG_CONFIG = f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-LOCAL_FS = "lakehouse.fs.NioLocalFileSystem"
-LOCAL_FS_CONTEXT = "lakehouse.fs.NioLocalFs"
+LOCAL_FS = "localfs.NioLocalFileSystem"
+LOCAL_FS_CONTEXT = "localfs.NioLocalFs"
 
 
 # C1 only, with a code cache large enough that C1 never fills it and switches the JIT off mid-run.

@@ -1,4 +1,4 @@
-package lakehouse.fs;
+package localfs;
 
 import java.io.IOException;
 import java.net.URI;
@@ -17,10 +17,6 @@ import org.apache.hadoop.fs.local.LocalConfigKeys;
  * {@link NioRawLocalFileSystem}. */
 public class NioLocalFs extends ChecksumFs {
   public NioLocalFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
-    super(new Raw(conf));
-  }
-
-  public NioLocalFs(Configuration conf) throws IOException, URISyntaxException {
     super(new Raw(conf));
   }
 

@@ -1,4 +1,4 @@
-package lakehouse.fs;
+package localfs;
 
 import java.io.File;
 import java.io.FileNotFoundException;

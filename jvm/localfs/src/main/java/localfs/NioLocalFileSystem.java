@@ -1,4 +1,4 @@
-package lakehouse.fs;
+package localfs;
 
 import org.apache.hadoop.fs.LocalFileSystem;
 
