@@ -48,11 +48,18 @@ def archive_path() -> Path:
     jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     # The JVM refuses an archive once a jar on its classpath is rewritten (setup re-fetches or
     # rebuilds them under the same names), so the name carries each jar's size and time too.
-    stamps = [f"{j}:{os.stat(j).st_size}:{os.stat(j).st_mtime_ns}" if os.path.exists(j) else j
-              for j in driver_class_path().split(":") if j]
+    stamps = [_stamp(j) for j in driver_class_path().split(":") if j]
     ident = "\n".join([str(_java()), str(_java().stat().st_mtime_ns) if _java().exists() else "",
                        pyspark.__version__, *jars, *stamps])
     return ARCHIVE_DIR / f"driver-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.jsa"
+
+
+def _stamp(jar: str) -> str:
+    try:
+        st = os.stat(jar)
+    except OSError:
+        return jar
+    return f"{jar}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def driver_options(enabled: bool = True) -> str:
