@@ -3,8 +3,8 @@
     python -m bench.audit_versions [--versions 50]        (make bench-audit VERSIONS=50)
 
 Builds a lakehouse whose gold.zip_hourly_sightings has the requested number of versions, made by
-the real gold streaming query (processing-time trigger) over a silver table fed one small commit
-at a time, some of them with late events, then times the audit of that table.
+the real gold streaming query over a silver table of small commits, some of them with late
+events, then times the audit of that table.
 Results go to bench-results/audit-<timestamp>.json.
 """
 from __future__ import annotations
@@ -52,11 +52,22 @@ def gold_versions(spark, path: str) -> int:
     return DeltaTable.forPath(spark, path).history(1).first().version + 1
 
 
+def bench_config(root: Path):
+    """The lakehouse under `root`, its gold query reading one silver commit (one file) per
+    micro-batch in an available-now run: a gold version per silver commit, and batches that
+    follow each other at once instead of waiting on a trigger and a no-data batch each."""
+    from common.config import load_config
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(root / "lakehouse"), TRIGGER="available-now",
+               LAKEHOUSE__GOLD__MAX_FILES_PER_TRIGGER="1")
+    return load_config(env=env)
+
+
 def build(spark, cfg, versions: int) -> int:
     """Feed silver until gold.zip_hourly_sightings has at least `versions` versions; returns how
-    many silver commits that took. The query runs with a processing-time trigger, so a commit
-    is a data batch and the watermark's move a no-data batch after it (which writes nothing),
-    as in production."""
+    many silver commits that took. `cfg` comes from bench_config. Each batch's watermark is the
+    one a processing-time run would give it: the latest event time of the batches before it."""
     from gold.job import start as start_gold
     from silver.job import ensure_tables
 
@@ -65,20 +76,20 @@ def build(spark, cfg, versions: int) -> int:
                                  + "".join(f"{d},9410{i % 4},San Francisco,CA\n" for i, d in enumerate(DEVICES)))
     ensure_tables(spark, cfg)
     schema = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).schema
-    silver_commit(spark, cfg, schema, 0)
-    query, = start_gold(spark, cfg, only={"sightings"}, suites={})
     gold = cfg.table_path("gold", "zip_hourly_sightings")
-    step = 0
-    try:
-        while True:
-            query.processAllAvailable()
-            if gold_versions(spark, gold) >= versions:
-                break
-            step += 1
-            silver_commit(spark, cfg, schema, step)
-    finally:
-        query.stop()
-    return step + 1
+    commits = 0
+    while True:
+        # (The gold table's CREATE is a version too; each commit adds one MERGE.) The first run
+        # reads one commit: a query's first batches cut the snapshot it starts from by files,
+        # not by versions, which the audit could not recompute.
+        have = gold_versions(spark, gold) if commits else 1
+        if have >= versions:
+            return commits
+        for _ in range(versions - have if commits else 1):
+            silver_commit(spark, cfg, schema, commits)
+            commits += 1
+        query, = start_gold(spark, cfg, only={"sightings"}, suites={})
+        query.awaitTermination()
 
 
 def main(argv=None, prog: str = "bench.audit_versions") -> int:
@@ -87,14 +98,10 @@ def main(argv=None, prog: str = "bench.audit_versions") -> int:
     parser.add_argument("--versions", type=int, default=50)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="audit-bench-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
-    env.update(LAKEHOUSE_ROOT=str(root / "lakehouse"), TRIGGER="processing-time",
-               TRIGGER_INTERVAL="100 ms")
     from audit.__main__ import run_audit
-    from common.config import load_config
     from common.spark import build_spark
 
-    cfg = load_config(env=env)
+    cfg = bench_config(root)
     spark = build_spark(cfg, "bench-audit")
     try:
         started = time.monotonic()
