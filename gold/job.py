@@ -4,9 +4,9 @@ gold.device_activity, gold.device_sessions). One streaming query per table, own 
     python -m gold.job [--only sightings,activity,sessions] [--trigger ...] [--interval ...]
 
 Every table holds the current value of every window or session seen so far: each micro-batch's
-updated rows are MERGEd by key (setting values, so a replayed batch is harmless), windows whose
-end is behind the watermark of the last batch that brought rows are marked finalized, sessions
-carry status open/closed.
+updated rows are MERGEd by key (setting values, so a replayed batch is harmless). Windows whose
+end is behind the watermark of the last batch that brought rows are marked finalized, and
+sessions whose end + gap is behind it closed (status open/closed).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import commit_metadata, ensure_table, retry_on_conflict
+from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
@@ -37,29 +38,28 @@ def output_schema(spark, cfg, spec: GoldTable, silver_schema):
     return T.with_finalized(spec.build(empty, cfg), 0).schema
 
 
-def merge(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
+def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
     """MERGE the batch's updated rows; returns how many target rows changed. A conflict with a
     concurrent compaction (make maintain, the runner's maintenance) replans and retries: the
     MERGE is a function of the batch and the table's rows, which compaction does not change."""
-    return retry_on_conflict(lambda: _merge_once(spark, path, spec, updates, watermark_ms))
+    return retry_on_conflict(lambda: _merge_once(spark, cfg, path, spec, updates, watermark_ms))
 
 
-def _merge_once(spark, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
+def _merge_once(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> int:
     cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in spec.keys)
     target = DeltaTable.forPath(spark, path)
+    # Rows this batch did not touch still close as the watermark moves (windows become final,
+    # sessions closed), including what watermark-only batches left: they write nothing. They go
+    # into the source rather than a NOT MATCHED BY SOURCE clause, which would make the MERGE
+    # join (and rewrite) the whole table every batch: this way it rewrites only the files
+    # holding a changed row, and finding the rows to close skips files by their stats.
+    closing = (spec.behind_watermark(target.toDF(), cfg, watermark_ms).alias("t")
+               .join(updates.alias("s"), F.expr(cond), "left_anti"))
+    source = updates.unionByName(closing)
+    m = target.alias("t").merge(source.alias("s"), cond)
     if spec.windowed:
-        # Windows this batch did not touch still become final as the watermark moves. They go
-        # into the source rather than a NOT MATCHED BY SOURCE clause, which would make the MERGE
-        # join (and rewrite) the whole table every batch: this way it rewrites only the files
-        # holding a changed window, and finding the open windows skips files by their stats.
-        closing = (target.toDF().alias("t")
-                   .where(~F.col("finalized") & (F.col("window_end") <= F.timestamp_millis(F.lit(watermark_ms))))
-                   .join(updates.alias("s"), F.expr(cond), "left_anti")
-                   .withColumn("finalized", F.lit(True)))
-        source = updates.unionByName(closing)
-        m = target.alias("t").merge(source.alias("s"), cond).whenMatchedUpdateAll().whenNotMatchedInsertAll()
+        m = m.whenMatchedUpdateAll().whenNotMatchedInsertAll()
     else:
-        m = target.alias("t").merge(updates.alias("s"), cond)
         m = (m.whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
              .whenNotMatchedInsertAll(condition="s.status <> 'merged'"))
     metrics = m.execute().first()
@@ -83,10 +83,11 @@ class GoldBatch(MicroBatch):
         try:
             n = updates.count()
             session = batch.sparkSession
-            # A batch without rows (one that only moved the watermark) writes nothing: marking
-            # the windows it closed final would cost a MERGE (10-14 s at the end of a run, three
-            # queries at once) for a flag. The next batch with rows finalizes them in its MERGE.
-            if not n:
+            # A batch that read no row (one that only moved the watermark) writes nothing:
+            # marking the windows it made final, or the sessions it timed out, would cost a
+            # MERGE (10-14 s at the end of a run, three queries at once) for a flag. The next
+            # batch with rows marks them in its MERGE. (It still ran: its state was committed.)
+            if not n or read_nothing(self.checkpoint, ctx.batch_id):
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             gate = None
             if n and self.gate is not None:
@@ -96,7 +97,7 @@ class GoldBatch(MicroBatch):
 
             def write():
                 with commit_metadata(session, lineage):
-                    merge(session, self.path, spec, updates, watermark)
+                    merge(session, cfg, self.path, spec, updates, watermark)
 
             publish = n and spec.publish and cfg.gold.stats_to_kafka
             return self.commit(ctx, dict(rows_written=n, quality_ms=gate.ms if gate else None), write,

@@ -131,6 +131,14 @@ def is_closed(session: dict, gap_ms: int, watermark_ms: int) -> bool:
     return session["end"] + gap_ms <= watermark_ms
 
 
+def closing(table: DataFrame, spec: SessionSpec, watermark_ms: int) -> DataFrame:
+    """Open rows of a sessions table that the watermark has closed (is_closed), marked closed.
+    A batch that only moves the watermark (its timeouts) writes nothing: the rows it closed in
+    the state hold their final values already, and the next MERGE changes only their status."""
+    behind = F.col("session_end") <= F.timestamp_millis(F.lit(watermark_ms - spec.gap_ms))
+    return table.where((F.col("status") == "open") & behind).withColumn("status", F.lit("closed"))
+
+
 def make_session_updater(spec: SessionSpec):
     gap_ms = spec.gap_ms
 
@@ -199,7 +207,7 @@ def replay_sessions(events: DataFrame, arrival_col: str, spec: SessionSpec,
 
     `events` are the on-time events it consumed, `arrival_col` the micro-batch each arrived in.
     Per key the batches are folded in order with the stream's own fold_batch, so session ids
-    match; statuses follow the final watermark, as timeouts close every session behind it.
+    match; statuses follow that batch's watermark, as its MERGE closes every session behind it.
     Sessions that closed earlier are kept in the fold: no later on-time event can reach them."""
     gap_ms = spec.gap_ms
 

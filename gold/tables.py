@@ -31,6 +31,13 @@ class GoldTable:
     def session_spec(self, cfg) -> S.SessionSpec:
         return _session_spec(self.sessions, cfg)
 
+    def behind_watermark(self, table, cfg, watermark_ms: int):
+        """The table's rows the watermark has closed that still say otherwise, corrected
+        (windows marked final, sessions closed)."""
+        if self.windowed:
+            return T.finalizing(table, watermark_ms)
+        return S.closing(table, self.session_spec(cfg), watermark_ms)
+
 
 def _session_spec(sessions: Sessions, cfg) -> S.SessionSpec:
     return S.SessionSpec.of(sessions, cfg.duration(sessions.gap).seconds)

@@ -42,8 +42,17 @@ def windowed_aggregate(events: DataFrame, group, window: str, slide: str | None,
 
 def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
     """A window is final once its end is at or behind the watermark: no later event can reach it."""
-    wm = F.timestamp_millis(F.lit(watermark_ms))
-    return windows.withColumn("finalized", F.col("window_end") <= wm)
+    return windows.withColumn("finalized", _final(watermark_ms))
+
+
+def finalizing(table: DataFrame, watermark_ms: int) -> DataFrame:
+    """Rows of a windowed gold table that the watermark has made final but that are not marked
+    so yet, marked: batches that only move the watermark write nothing, so the next MERGE does."""
+    return table.where(~F.col("finalized") & _final(watermark_ms)).withColumn("finalized", F.lit(True))
+
+
+def _final(watermark_ms: int):
+    return F.col("window_end") <= F.timestamp_millis(F.lit(watermark_ms))
 
 
 def quality_view(df: DataFrame, dimension=None) -> DataFrame:
