@@ -58,7 +58,12 @@ def live_files(spark, path: str) -> int:
     from py4j.protocol import Py4JError
 
     try:
-        return int(_snapshot(spark, path).numOfFiles())
+        snapshot = _snapshot(spark, path)
+        # From the version's checksum file, which Delta writes with every commit: numOfFiles
+        # (and numOfFilesIfKnown too, in Delta 4.4) rebuild the table's state, three Spark
+        # jobs, for every new version.
+        checksum = snapshot.checksumOpt()
+        return int(checksum.get().numFiles() if checksum.isDefined() else snapshot.numOfFiles())
     except Py4JError:
         return int(DeltaTable.forPath(spark, path).detail().first()["numFiles"])
 
