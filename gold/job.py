@@ -39,7 +39,7 @@ def output_schema(spark, cfg, spec: GoldTable, silver_schema):
 
 
 def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int,
-          ctx: BatchContext) -> None:
+          ctx: BatchContext, close_behind: bool = True) -> None:
     """MERGE the batch's updated rows. A conflict with a concurrent compaction (make maintain,
     the runner's maintenance) replans and retries: the MERGE is a function of the batch and the
     table's rows, which compaction does not change.
@@ -47,25 +47,31 @@ def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_
     Into an empty table (a fresh lakehouse's first batch, the whole of a first available-now
     run) every row is an insert, so an append keyed by the batch does the MERGE's work without
     its joins: a third of the batch's time. A replay finds the rows there and MERGEs the same
-    values over them, or finds the table still empty and appends (or is skipped) once."""
+    values over them, or finds the table still empty and appends (or is skipped) once.
+    `close_behind`: also close the table's rows the watermark passed that the batch does not
+    carry (see _merge_once)."""
     if live_files(spark, path) == 0:
         rows = updates if spec.windowed else updates.where("status <> 'merged'")
         idempotent_append(rows, path, f"{ctx.app_id}-first", ctx.batch_id, ctx.lineage)
         return
-    retry_on_conflict(lambda: _merge_once(spark, cfg, path, spec, updates, watermark_ms))
+    retry_on_conflict(lambda: _merge_once(spark, cfg, path, spec, updates, watermark_ms, close_behind))
 
 
-def _merge_once(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int) -> None:
+def _merge_once(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int,
+                close_behind: bool) -> None:
     cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in spec.keys)
     target = DeltaTable.forPath(spark, path)
-    # Rows this batch did not touch still close as the watermark moves (windows become final,
-    # sessions closed), including what watermark-only batches left: they write nothing. They go
-    # into the source rather than a NOT MATCHED BY SOURCE clause, which would make the MERGE
-    # join (and rewrite) the whole table every batch: this way it rewrites only the files
-    # holding a changed row, and finding the rows to close skips files by their stats.
-    closing = (spec.behind_watermark(target.toDF(), cfg, watermark_ms).alias("t")
-               .join(updates.alias("s"), F.expr(cond), "left_anti"))
-    source = updates.unionByName(closing)
+    source = updates
+    if close_behind:
+        # Rows this batch did not touch still close as the watermark moves (windows become
+        # final, sessions closed), including what watermark-only batches left: they write
+        # nothing. They go into the source rather than a NOT MATCHED BY SOURCE clause, which
+        # would make the MERGE join (and rewrite) the whole table every batch: this way it
+        # rewrites only the files holding a changed row, and finding the rows to close skips
+        # files by their stats.
+        closing = (spec.behind_watermark(target.toDF(), cfg, watermark_ms).alias("t")
+                   .join(updates.alias("s"), F.expr(cond), "left_anti"))
+        source = updates.unionByName(closing)
     m = target.alias("t").merge(source.alias("s"), cond)
     if spec.windowed:
         m = m.whenMatchedUpdateAll().whenNotMatchedInsertAll()
@@ -84,6 +90,11 @@ class GoldBatch(MicroBatch):
         super().__init__(spark, cfg, spec.query, f"silver.{cfg.silver_table}", gate, books)
         self.spec = spec
         self.path = cfg.table_path("gold", spec.table)
+        # Whether the table may hold rows the watermark has passed that no later batch carries.
+        # Windows: always (update mode never re-emits a window the watermark evicts). Sessions:
+        # only after a batch that wrote nothing, since every other batch emits the sessions it
+        # times out; and at a start, for what an earlier run left.
+        self.stale_behind = True
 
     def write(self, batch: DataFrame, ctx: BatchContext) -> dict:
         cfg, spec, lineage = self.cfg, self.spec, ctx.lineage
@@ -97,6 +108,7 @@ class GoldBatch(MicroBatch):
             # MERGE (10-14 s at the end of a run, three queries at once) for a flag. The next
             # batch with rows marks them in its MERGE. (It still ran: its state was committed.)
             if not n or read_nothing(self.checkpoint, ctx.batch_id):
+                self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             gate = None
             if n and self.gate is not None:
@@ -104,14 +116,18 @@ class GoldBatch(MicroBatch):
                 gate = self.validate(T.quality_view(live, cfg.profile.dimension), ctx,
                                      n if spec.windowed else None)
 
+            close_behind = spec.windowed or self.stale_behind
+
             def write():
                 with commit_metadata(session, lineage):
-                    merge(session, cfg, self.path, spec, updates, watermark, ctx)
+                    merge(session, cfg, self.path, spec, updates, watermark, ctx, close_behind)
 
             publish = n and spec.publish and cfg.gold.stats_to_kafka
-            return self.commit(ctx, dict(rows_written=n, quality_ms=gate.ms if gate else None), write,
-                               gate.record if gate else None,
-                               (lambda: publish_stats(cfg, spec, updates)) if publish else None)
+            committed = self.commit(ctx, dict(rows_written=n, quality_ms=gate.ms if gate else None), write,
+                                    gate.record if gate else None,
+                                    (lambda: publish_stats(cfg, spec, updates)) if publish else None)
+            self.stale_behind = spec.windowed
+            return committed
         finally:
             updates.unpersist()
 
