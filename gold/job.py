@@ -111,7 +111,7 @@ class GoldBatch(MicroBatch):
                 self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             gate = None
-            if n and self.gate is not None:
+            if self.gate is not None:
                 live = updates.where("status <> 'merged'") if not spec.windowed else updates
                 gate = self.validate(T.quality_view(live, cfg.profile.dimension), ctx,
                                      n if spec.windowed else None)
@@ -122,7 +122,7 @@ class GoldBatch(MicroBatch):
                 with commit_metadata(session, lineage):
                     merge(session, cfg, self.path, spec, updates, watermark, ctx, close_behind)
 
-            publish = n and spec.publish and cfg.gold.stats_to_kafka
+            publish = spec.publish and cfg.gold.stats_to_kafka
             committed = self.commit(ctx, dict(rows_written=n, quality_ms=gate.ms if gate else None), write,
                                     gate.record if gate else None,
                                     (lambda: publish_stats(cfg, spec, updates)) if publish else None)
