@@ -114,9 +114,9 @@ Where the time goes is fixed costs, not rows:
   update, a few small jobs); silver makes up to four per batch and each gold query two or three.
   They run at once per batch (data, `ops.dq_results`, `ops.batch_accounting`), so a batch costs
   its slowest commit rather than their sum, but on 2 cores three gold queries still queue.
-- Every append keyed by its batch (`txnAppId`, what makes it exactly once) makes Delta 4.4
-  rebuild the table's state to look up the last batch written: three Spark jobs, about 0.35 s of
-  a one-row ops append's 0.5 s (a blind append takes 0.12 s).
+- Appends keyed by their batch are blind unless the batch is a replay after a crash: Delta
+  4.4's own key (`txnAppId`) rebuilds the table's state to look up the last batch written, three
+  Spark jobs, about 0.35 s of a one-row ops append's 0.5 s (a blind append takes 0.12 s).
 - In an available-now run each layer ends with a no-data batch that moves the watermark. Gold's
   evicts windows and times sessions out but writes nothing: the next batch with rows marks what
   it closed. A fresh gold table's first batch is an append, not a MERGE.

@@ -6,9 +6,9 @@ rows (duplicates, rows behind the watermark) and what was observed upstream (rec
 Spark only publishes the latter in the query progress, after the batch has committed, so a
 process killed between the commit and that report would lose the batch's drops for good: the
 batch is never replayed. Instead foreachBatch reads the same metrics from the batch's executed
-plan once it has evaluated the batch, and appends the row keyed by (txnAppId, batch id) before
+plan once it has evaluated the batch, and appends the row keyed by (app id, batch id) before
 returning. A replay of an uncommitted batch re-runs it with the same offsets and state, and
-Delta skips the second append.
+finds the first append's key (common.delta.idempotent_append).
 """
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ class Accounting:
         self.path = ensure_accounting(spark, cfg)
         self._app_id = None
 
-    def record(self, query_name: str, batch_id: int, lineage: dict | None = None, **written) -> None:
+    def record(self, query_name: str, batch_id: int, lineage: dict | None = None, replay: bool = True,
+               **written) -> None:
         """Append the batch's row: `written` (foreachBatch's own counts) plus Spark's metrics,
         with the batch's lineage as commit metadata (the audit reads the lineage of batches that
         committed nothing else from here). batch_ms is the trigger up to this point; only the
@@ -99,9 +100,10 @@ class Accounting:
         progress = running_batch(self.spark, query_name, batch_id)
         counts = {**written, **self.from_progress(progress)}
         counts["batch_ms"] = progress["durationMs"]["triggerExecution"]
-        self._write(query_name, batch_id, counts, lineage)
+        self._write(query_name, batch_id, counts, lineage, replay)
 
-    def _write(self, query_name: str, batch_id: int, counts: dict, lineage: dict | None) -> None:
+    def _write(self, query_name: str, batch_id: int, counts: dict, lineage: dict | None,
+               replay: bool = True) -> None:
         unknown = set(counts) - set(BATCH_ACCOUNTING.fieldNames())
         if unknown:
             raise KeyError(f"unknown accounting columns {sorted(unknown)}")
@@ -112,4 +114,4 @@ class Accounting:
                          BATCH_ACCOUNTING)
         if self._app_id is None:      # the checkpoint's id is fixed while the query runs
             self._app_id = f"accounting-{query_name}-{checkpoint_query_id(self.checkpoint)}"
-        idempotent_append(df, self.path, self._app_id, batch_id, metadata=lineage)
+        idempotent_append(df, self.path, self._app_id, batch_id, lineage, replay)

@@ -1,7 +1,7 @@
 """The foreachBatch scaffolding every layer shares; the layer supplies only `write`.
 
 Around the layer's own work, each micro-batch: runs its Spark jobs in the layer's FAIR pool,
-knows its checkpoint's id (the txnAppId prefix that makes its Delta appends idempotent), reads
+knows its checkpoint's id (the app id prefix that makes its Delta appends idempotent), reads
 its lineage from the offset log, validates through the quality gate, and commits: the layer's
 writes, the gate's ops.dq_results rows and the batch's ops.batch_accounting row run at once,
 all before Spark commits the batch (a no-data batch that wrote no row has nothing to count and
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.errors import kept_for_runner
-from common.lineage import batch_lineage, checkpoint_query_id, read_nothing
+from common.lineage import batch_lineage, checkpoint_query_id, last_logged_batch, read_nothing
 from common.quality import check
 
 
@@ -26,8 +26,9 @@ class Committed(dict):
 @dataclass(frozen=True)
 class BatchContext:
     batch_id: int
-    app_id: str              # "<query>-<checkpoint id>": Delta txnAppId prefix of this query
+    app_id: str              # "<query>-<checkpoint id>": the append key prefix of this query
     lineage: dict            # commit metadata of every write of this batch
+    replay: bool = True      # its offsets were logged before this run: an attempt may have committed
 
 
 class MicroBatch:
@@ -42,6 +43,9 @@ class MicroBatch:
         self.checkpoint = cfg.checkpoint(query)
         self.dq_path = cfg.table_path("ops", "dq_results")
         self._app_id = None
+        # Batches up to this one were planned by an earlier run (built before the query starts,
+        # so before it logs any offset): only those can find their own writes already there.
+        self.replays_through = last_logged_batch(self.checkpoint)
 
     @property
     def app_id(self) -> str:
@@ -53,7 +57,7 @@ class MicroBatch:
     def __call__(self, df, batch_id: int) -> None:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.layer)
         lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
-        ctx = BatchContext(batch_id, self.app_id, lineage)
+        ctx = BatchContext(batch_id, self.app_id, lineage, batch_id <= self.replays_through)
         with kept_for_runner(self.query):
             committed = self.write(df, ctx)
         if not isinstance(committed, Committed):
@@ -70,7 +74,8 @@ class MicroBatch:
         book = None
         if any(counts.get(k) for k in WRITTEN) or not read_nothing(self.checkpoint, ctx.batch_id):
             # (A watermark-only batch that wrote no row has no count to book: no ops commit.)
-            book = lambda: self.books.record(self.query, ctx.batch_id, lineage=ctx.lineage, **counts)  # noqa: E731
+            book = lambda: self.books.record(self.query, ctx.batch_id, lineage=ctx.lineage,  # noqa: E731
+                                             replay=ctx.replay, **counts)
         together(*writes, book)
         return Committed(counts)
 
@@ -78,7 +83,7 @@ class MicroBatch:
         """Run the gate on df (`rows`: its count, if known); raise on a `fail` rule (its results
         recorded). Returns the GateRun whose `record` the layer runs beside its writes."""
         return check(self.gate, df, self.spark, self.dq_path, self.query, ctx.batch_id,
-                     ctx.app_id, ctx.lineage, rows)
+                     ctx.app_id, ctx.lineage, rows, ctx.replay)
 
 
 def together(*writes) -> None:

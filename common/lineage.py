@@ -27,9 +27,17 @@ _END_INDEX = 2**63 - 1 - 100
 
 def checkpoint_query_id(checkpoint: str) -> str:
     """The id Spark keeps in the checkpoint: stable across restarts, new if the checkpoint is
-    deleted. Keying Delta's txnAppId on it means a fresh checkpoint never collides with the
+    deleted. Keying appends on it means a fresh checkpoint never collides with the
     batch versions an old one already wrote."""
     return json.loads((location(checkpoint) / "metadata").read_text())["id"]
+
+
+def last_logged_batch(checkpoint: str) -> int:
+    """The highest batch id in the checkpoint's offset log; -1 without one."""
+    folder = location(checkpoint) / "offsets"
+    if not folder.is_dir():
+        return -1
+    return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=-1)
 
 
 def offset_entry(checkpoint: str, batch_id: int) -> tuple[dict, list]:

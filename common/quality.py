@@ -279,7 +279,7 @@ def dq_rows(outcomes: list[Outcome], query: str, batch_id: int, table: str, suit
 
 
 def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_id: int,
-                  suite: Suite, app_id: str, metadata: dict | None = None) -> None:
+                  suite: Suite, app_id: str, metadata: dict | None = None, replay: bool = True) -> None:
     """One row per expectation per batch into ops.dq_results. A batch stopped by a `fail` rule
     is recorded under its own app id, so after the fix its replay adds the passing results next
     to the failed attempt (an audit trail), while a replay of the same outcome is skipped."""
@@ -288,7 +288,7 @@ def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_i
 
     rows = local_frame(spark, dq_rows(outcomes, query, batch_id, suite.table, suite.name), DQ_RESULTS)
     kind = "dq-failed" if failures(outcomes) else "dq"
-    idempotent_append(rows, path, f"{app_id}-{kind}", batch_id, metadata)
+    idempotent_append(rows, path, f"{app_id}-{kind}", batch_id, metadata, replay)
 
 
 class GateRun:
@@ -302,7 +302,8 @@ class GateRun:
 
 
 def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
-          app_id: str, metadata: dict | None = None, rows: int | None = None) -> GateRun:
+          app_id: str, metadata: dict | None = None, rows: int | None = None,
+          replay: bool = True) -> GateRun:
     """Validate a batch; on a `fail` rule record the results and raise. Otherwise the caller
     records them (GateRun.record), beside its writes. Callers gate only batches with rows: an
     empty batch has nothing to validate and records nothing."""
@@ -311,7 +312,8 @@ def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
     started = time.monotonic()
     outcomes = gate.validate(df, rows)
     run = GateRun(outcomes, int((time.monotonic() - started) * 1000),
-                  lambda: write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata))
+                  lambda: write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata,
+                                        replay))
     if failures(outcomes):
         run.record()
         raise_on_failures(outcomes, query, batch_id, gate.suite.table)

@@ -52,7 +52,7 @@ def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_
     carry (see _merge_once)."""
     if live_files(spark, path) == 0:
         rows = updates if spec.windowed else updates.where("status <> 'merged'")
-        idempotent_append(rows, path, f"{ctx.app_id}-first", ctx.batch_id, ctx.lineage)
+        idempotent_append(rows, path, f"{ctx.app_id}-first", ctx.batch_id, ctx.lineage, ctx.replay)
         return
     retry_on_conflict(lambda: _merge_once(spark, cfg, path, spec, updates, watermark_ms, close_behind))
 

@@ -108,13 +108,14 @@ class SilverBatch(MicroBatch):
                 # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
                 if n_candidates > n_dq:
                     writes.append(lambda: idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events",
-                                                            batch_id, lineage))
+                                                            batch_id, lineage, ctx.replay))
             if n_rejects or n_dq:
                 quarantine = T.to_quarantine(T.rejected(batch), batch_id, profile)
                 if n_dq:
                     quarantine = quarantine.unionByName(T.to_quarantine(dq_bad, batch_id, profile))
                 writes.append(lambda: idempotent_append(quarantine, self.paths["quarantine"],
-                                                        f"{ctx.app_id}-quarantine", batch_id, lineage))
+                                                        f"{ctx.app_id}-quarantine", batch_id, lineage,
+                                                        ctx.replay))
             # Idempotent appends keyed by the batch: none needs another first.
             counts = dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
                           rows_written=n_candidates - n_dq, quality_ms=gate.ms if gate else None)

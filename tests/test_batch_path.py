@@ -157,3 +157,58 @@ def test_the_accounting_row_is_written_beside_the_batch_writes(spark, cfg, forge
     assert probe.saw_row_first == [0]
     row = spark.read.format("delta").load(cfg.table_path("ops", "batch_accounting")).where("query = 'probe'").first()
     assert row.rows_written == 2 and row.batch_id == 0
+
+
+def _commit_actions(path: str, version: int) -> dict:
+    lines = (Path(path) / "_delta_log" / f"{version:020d}.json").read_text().splitlines()
+    return {k: v for line in lines for k, v in json.loads(line).items()}
+
+
+def test_only_a_replayed_batch_looks_for_its_earlier_append(spark, tmp_path):
+    """A batch planned by this run appends blind, its key in the commit's metadata; a replay
+    finds that key (or, for commits older than the key, Delta's txnAppId) and appends nothing."""
+    from common.delta import appended, idempotent_append
+
+    path = str(tmp_path / "t")
+    rows = lambda n: spark.createDataFrame([(n,)], "n INT")  # noqa: E731
+    rows(0).limit(0).write.format("delta").save(path)
+    count = lambda: spark.read.format("delta").load(path).count()  # noqa: E731
+    lineage = {"pipeline": "lakehouse", "query": "q", "query_id": "id-1"}
+
+    assert idempotent_append(rows(1), path, "q-id-1-x", 7, {**lineage, "batch_id": 7}, replay=False)
+    blind = _commit_actions(path, 1)
+    assert "txn" not in blind, "a batch planned by this run paid for Delta's transaction lookup"
+    assert json.loads(blind["commitInfo"]["userMetadata"])["txn"] == {"app": "q-id-1-x", "version": 7}
+
+    # The batch replayed after a crash before its streaming commit: skipped, nothing twice.
+    assert not idempotent_append(rows(1), path, "q-id-1-x", 7, {**lineage, "batch_id": 7}, replay=True)
+    assert count() == 1
+    # The next batch replayed (its first attempt never committed): written once, with txnAppId.
+    assert idempotent_append(rows(2), path, "q-id-1-x", 8, {**lineage, "batch_id": 8}, replay=True)
+    txn = _commit_actions(path, 2)["txn"]
+    assert (txn["appId"], txn["version"]) == ("q-id-1-x", 8)
+    assert count() == 2
+
+    # Found past other writers' commits, a page at a time.
+    for n in range(5):
+        idempotent_append(rows(10 + n), path, "other", n, {"pipeline": "lakehouse", "query_id": "id-2", "batch_id": n},
+                          replay=False)
+    assert appended(spark, path, "q-id-1-x", 8, "id-1", page=2)
+    # The search stops at the same query's earlier batch: batch 9 cannot be older than it.
+    assert not appended(spark, path, "q-id-1-x", 9, "id-1", page=2)
+
+    # A commit made before the key was in the metadata (txnAppId only) is still recognised.
+    rows(3).write.format("delta").mode("append").option("txnAppId", "old").option("txnVersion", 4).save(path)
+    before = count()
+    idempotent_append(rows(3), path, "old", 4, None, replay=True)
+    assert count() == before
+
+
+def test_batches_planned_before_the_run_started_are_its_replays(tmp_path):
+    from common.lineage import last_logged_batch
+
+    assert last_logged_batch(str(tmp_path / "none")) == -1
+    for batch in (0, 1, 2):
+        _offsets(tmp_path, batch, batch, -1)
+    (tmp_path / "offsets" / ".2.crc").write_text("")
+    assert last_logged_batch(str(tmp_path)) == 2

@@ -481,7 +481,7 @@ def test_the_first_batch_into_an_empty_table_is_an_idempotent_append(spark, wind
         assert commits[0].lineage["query"] == spec.query and commits[0].lineage["batch_id"] == 0
 
     # The first batch again, on a copy whose table lost its rows (a crash after the append's
-    # commit, before the query's own): Delta's transaction id for the batch skips the append.
+    # commit, before the query's own): the replay finds the append's key in the history.
     shutil.copytree(cfg.root, tmp_path / "lakehouse")
     copy = lakehouse_cfg(tmp_path, LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP="20 minutes")
     spec = SPEC["sightings"]

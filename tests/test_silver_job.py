@@ -307,10 +307,11 @@ def test_a_retried_micro_batch_writes_nothing_twice(spark, stream, monkeypatch):
     before = snapshot(spark, cfg)
     appends = []
 
-    def spy(df, path, app_id, version, metadata=None):
+    def spy(df, path, app_id, version, metadata=None, replay=False):
         appends.append((Path(path).name, app_id.rsplit("-", 1)[-1], version))
         assert metadata["batch_id"] == version and metadata["upstream"]["table"] == "bronze.events"
-        real_append(df, path, app_id, version, metadata)
+        assert replay, "a batch the checkpoint logged before this run is a replay"
+        return real_append(df, path, app_id, version, metadata, replay)
 
     real_append = common_delta.idempotent_append
     monkeypatch.setattr(silver_job, "idempotent_append", spy)
@@ -330,7 +331,7 @@ def test_a_retried_micro_batch_writes_nothing_twice(spark, stream, monkeypatch):
     body(batch, data_batch)
     body(batch, data_batch)
 
-    # Every write was attempted again, under the same transaction version, and Delta skipped it.
+    # Every write was attempted again, under the same key, and found its first commit.
     assert sorted(set(appends)) == [("camera_events", "events", data_batch),
                                     ("dq_results", "dq", data_batch),
                                     ("quarantine", "quarantine", data_batch)]
