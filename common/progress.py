@@ -89,8 +89,9 @@ class ProgressRecorder(StreamingQueryListener):
     """Register with spark.streams.addListener; call close() before the session stops."""
 
     def __init__(self, spark, cfg: Config):
-        self.spark = spark
-        self.path = ensure_table(spark, cfg, "ops", "query_progress", QUERY_PROGRESS)
+        self.spark, self.cfg = spark, cfg
+        self.path = cfg.table_path("ops", "query_progress")
+        self._created: BaseException | bool = False
         self.flush_seconds = cfg.monitoring.progress_flush.seconds
         self.log_batches = cfg.monitoring.log_batches
         self._rows: queue.Queue = queue.Queue()
@@ -124,8 +125,20 @@ class ProgressRecorder(StreamingQueryListener):
 
     # --- writer thread ---
     def _run(self) -> None:
+        # The table is created here, not on the caller's path: the first Delta commit of a JVM
+        # takes about a second, and the first rows come a flush interval after the start.
+        self._ensure_table()
         while not self._stop.wait(self.flush_seconds):
             self.flush()
+
+    def _ensure_table(self) -> None:
+        if self._created is True:
+            return
+        try:
+            ensure_table(self.spark, self.cfg, "ops", "query_progress", QUERY_PROGRESS)
+            self._created = True
+        except Exception as e:   # noqa: BLE001 - raised by the next flush, in the caller's thread too
+            self._created = e
 
     def flush(self) -> int:
         rows = []
@@ -136,6 +149,9 @@ class ProgressRecorder(StreamingQueryListener):
                 break
         if not rows:
             return 0
+        self._ensure_table()
+        if self._created is not True:
+            raise self._created
         now = datetime.now(timezone.utc)
         fields = QUERY_PROGRESS.fieldNames()
         data = [tuple({**dict.fromkeys(fields), **r, "recorded_at": now}[f] for f in fields) for r in rows]

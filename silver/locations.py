@@ -31,7 +31,12 @@ def read_csv(spark, path, cfg):
 
 
 def seed(spark, cfg, csv_path=None) -> int:
-    """Replace the table's contents with the CSV (a new Delta version; history keeps the old)."""
+    """Replace the table's contents with the CSV (a new Delta version; history keeps the old);
+    returns the table's row count."""
+    return spark.read.format("delta").load(_load(spark, cfg, csv_path)).count()
+
+
+def _load(spark, cfg, csv_path=None) -> str:
     from pyspark.sql.types import _parse_datatype_string
 
     dim = cfg.profile.dimension
@@ -47,14 +52,14 @@ def seed(spark, cfg, csv_path=None) -> int:
     (rows.write.format("delta").mode("overwrite")
      .option("userMetadata", to_user_metadata({"pipeline": PIPELINE, "made_by": f"seed-locations {path}"}))
      .save(table))
-    return spark.read.format("delta").load(table).count()
+    return table
 
 
 def ensure_seeded(spark, cfg) -> str:
     """On first run, load the generator's reference data; later runs keep the table as it is."""
     table = cfg.table_path("silver", cfg.profile.dimension.table)
     if not is_delta_table(table):
-        seed(spark, cfg)
+        _load(spark, cfg)
     return table
 
 
