@@ -35,6 +35,8 @@ class Layer:
     flows: tuple[Flow, ...]
     preflight: Callable = lambda selected: None  # before Spark starts; raises JobError
     prepare: Callable = lambda spark: None      # create its tables (idempotent)
+    validate: Callable = lambda: None           # checks with heavy imports (GX suites); raise JobError.
+                                                # They run while the session starts, before any flow
     describe: str = ""                          # "<source> -> <sink>" for the start line
 
     @property

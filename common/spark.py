@@ -156,7 +156,7 @@ _launching: threading.Thread | None = None
 def prelaunch_jvm(cfg: Config) -> None:
     """Start the driver JVM (only the JVM and its Py4J gateway: no SparkContext, no query) on a
     thread, so its second of start-up overlaps what the caller does before build_spark (the
-    pipeline validates its suites with Great Expectations, whose import takes as long). The JVM
+    pipeline declares its layers and locks their checkpoints). The JVM
     gets the flags build_spark would give it; build_spark then finds it running."""
     global _launching
     if submitted() or _launching is not None:

@@ -75,11 +75,13 @@ class Spec:
 spec = dataclass(frozen=True, config=ConfigDict(extra="forbid", arbitrary_types_allowed=True))
 
 
-def load(cls, raw: Any, where: Any, error: type[Exception], origins: dict[str, str] | None = None):
+def load(cls, raw: Any, where: Any, error: type[Exception], origins: dict[str, str] | None = None,
+         context: dict | None = None):
     """raw validated into cls, or `error` naming the file (where), the key and, when the key's
-    value came from elsewhere, its origin ({key prefix: 'value from ...'})."""
+    value came from elsewhere, its origin ({key prefix: 'value from ...'}). `context` reaches the
+    validators (pydantic's ValidationInfo.context)."""
     try:
-        return cls.__pydantic_validator__.validate_python(raw)
+        return cls.__pydantic_validator__.validate_python(raw, context=context)
     except ValidationError as e:
         key, message = _describe(e.errors()[0])
         origin = next((o for k, o in (origins or {}).items()

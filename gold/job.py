@@ -205,7 +205,7 @@ def start(spark, cfg, only=None, suites=None):
 
 def layer(cfg, only=None) -> Layer:
     """The profile's gold tables (or the `only` subset, by key), one flow each."""
-    suites = load_suites(cfg.gold.expectations)     # a bad suite fails here, before Spark starts
+    suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
     tables = for_config(cfg)
     unknown = set(only or ()) - {t.key for t in tables}
     if unknown:
@@ -223,6 +223,7 @@ def layer(cfg, only=None) -> Layer:
 
     return Layer("gold", "silver", tuple(flow(spec) for spec in chosen), preflight=preflight,
                  prepare=lambda spark: prepare_gold(spark, cfg, chosen),
+                 validate=lambda: load_suites(cfg.gold.expectations),
                  describe=f"silver.{cfg.silver_table} -> {', '.join(f'gold.{t.table}' for t in chosen)}")
 
 

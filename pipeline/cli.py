@@ -79,7 +79,7 @@ def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | 
         if spark is None:
             from common.spark import prelaunch_jvm
 
-            prelaunch_jvm(cfg)       # while declare validates the suites
+            prelaunch_jvm(cfg)       # while the layers are declared and their checkpoints locked
         specs = declare(cfg, layers, only)
     except (ConfigError, SuiteError) as e:
         log.error(str(e))

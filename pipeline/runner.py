@@ -144,6 +144,29 @@ class PreparedAhead:
                 return
 
 
+class Validation:
+    """Every layer's validate (its GX suites: importing Great Expectations alone takes 2-3 s of
+    Python) on a thread of its own, while the main thread starts the Spark session. `result`
+    raises what a check raised; the runner calls it before it starts any flow."""
+
+    def __init__(self, layers: list[Layer]):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(layers,), name="validate", daemon=True)
+        self.thread.start()
+
+    def _run(self, layers: list[Layer]) -> None:
+        try:
+            for layer in layers:
+                layer.validate()
+        except BaseException as e:   # noqa: BLE001 - raised in the runner's thread
+            self.error = e
+
+    def result(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def downstream(layers: list[Layer], name: str) -> set[str]:
     """The layer and every selected layer that reads from it, directly or not."""
     hit = {name}
@@ -159,6 +182,7 @@ class Runner:
         self.spark, self._own_spark = spark, spark is None
         self.stop_all = threading.Event()
         self.failures: list[tuple[str, int]] = []      # (message, exit code)
+        self.validation: Validation | None = None
 
     # --- signals: one handler for the whole application ---
     def request_stop(self, signum=None, _frame=None) -> None:
@@ -186,6 +210,7 @@ class Runner:
             with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]):
                 for layer in self.layers:
                     layer.preflight(selected)
+                self.validation = Validation(self.layers)
                 return self._run_locked()
         except JobError as e:
             log.error(str(e))
@@ -217,6 +242,8 @@ class Runner:
         return max((code for _, code in self.failures), default=0)
 
     def _start(self, layers: list[Layer], done: queue.Queue) -> list[FlowRun]:
+        if self.validation is not None:   # a bad suite: exit 2 before any query starts
+            self.validation.result()
         runs = []
         for layer in layers:
             for flow in layer.flows:

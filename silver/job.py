@@ -176,8 +176,8 @@ def start_query(spark, cfg, suite):
             .start())
 
 
-def silver_suite(cfg):
-    suites = load_suites(cfg.silver.expectations)
+def silver_suite(cfg, gx: bool = True):
+    suites = load_suites(cfg.silver.expectations, gx)
     name = f"silver.{cfg.silver_table}"
     if name not in suites:
         raise SuiteError(f"{cfg.silver.expectations}: no suite for table {name} "
@@ -186,7 +186,7 @@ def silver_suite(cfg):
 
 
 def layer(cfg) -> Layer:
-    suite = silver_suite(cfg)       # a bad suite fails here, before Spark starts
+    suite = silver_suite(cfg, gx=False)     # a bad suite fails here or in validate, before any query
     bronze_path = cfg.table_path("bronze", "events")
 
     def preflight(selected):
@@ -195,6 +195,7 @@ def layer(cfg) -> Layer:
 
     return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite)),),
                  preflight=preflight, prepare=lambda spark: ensure_tables(spark, cfg),
+                 validate=lambda: silver_suite(cfg),
                  describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})")
 
 
