@@ -4,7 +4,8 @@ logs on disk (no Spark, nothing added to the product).
 For each landed file:
   bronze batch     the file source's log (`_checkpoints/bronze_files/sources/0/`) names the
                    micro-batch that read it;
-  bronze version   the Delta sink commits that batch with txn (query id, batch id);
+  bronze version   the commit whose lineage (userMetadata) names that batch (before bronze
+                   appended through foreachBatch: the Delta sink's txn (query id, batch id));
   silver version   the first silver.camera_events commit whose lineage (userMetadata) says it
                    consumed bronze up to that version or later;
   gold version     likewise, the first gold commit that consumed that silver version or later.
@@ -65,7 +66,8 @@ def file_latencies(cfg, landed: dict[str, float], gold_tables: list[str]) -> lis
     bronze = delta_commits(cfg.table_path("bronze", "events"))
     bronze_by_batch = {}
     for c in bronze:
-        for _app, batch in c["txns"]:
+        lineage_batch = (c["lineage"] or {}).get("batch_id")
+        for batch in [b for _app, b in c["txns"]] + ([lineage_batch] if isinstance(lineage_batch, int) else []):
             bronze_by_batch.setdefault(batch, c)
     silver = [c for c in delta_commits(cfg.table_path("silver", "camera_events")) if c["lineage"]]
     gold = {t: [c for c in delta_commits(cfg.table_path("gold", t)) if c["lineage"]] for t in gold_tables}

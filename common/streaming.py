@@ -27,7 +27,7 @@ def stop_between_batches(query, timeout: float = 600) -> None:
     the moment one ends, so an idle moment may never come and waiting for one would drain the
     whole backlog first. A new progress report marks the end of the running trigger; stop() right
     then, before the next batch plans its offsets, or at worst while it starts (it is replayed on
-    restart, exactly once through the checkpoint and the Delta sink's batch ids).
+    restart, exactly once through the checkpoint and the appends keyed by batch id).
     """
     seen = _progress_mark(query)
     deadline = time.monotonic() + timeout

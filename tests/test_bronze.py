@@ -292,7 +292,7 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(source, spark, cfg, env, tm
     wait_until(proc, lambda: mid_batch(checkpoint), "committed batch followed by one in flight")
 
     # The sharpest moment is a batch already in Delta but not yet in the checkpoint's commit
-    # log: the restart replays it and only the Delta sink's (query id, batch id) stops a second
+    # log: the restart replays it and only the append's key (query id, batch id) stops a second
     # copy. That window is short, so settle for any in-flight batch once two have committed.
     def kill_point() -> bool:
         commits = batch_ids(checkpoint, "commits")
