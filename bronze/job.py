@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 
@@ -222,6 +221,6 @@ def layer(cfg) -> Layer:
 
 
 if __name__ == "__main__":
-    from pipeline.cli import layer_main
+    from pipeline.cli import exit_now, layer_main
 
-    sys.exit(layer_main("bronze"))
+    exit_now(layer_main("bronze"))

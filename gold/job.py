@@ -10,7 +10,6 @@ sessions whose end + gap is behind it closed (status open/closed).
 """
 from __future__ import annotations
 
-import sys
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
@@ -228,6 +227,6 @@ def layer(cfg, only=None) -> Layer:
 
 
 if __name__ == "__main__":
-    from pipeline.cli import layer_main
+    from pipeline.cli import exit_now, layer_main
 
-    sys.exit(layer_main("gold"))
+    exit_now(layer_main("gold"))

@@ -1,5 +1,3 @@
-import sys
+from pipeline.cli import exit_now, main
 
-from pipeline.cli import main
-
-sys.exit(main())
+exit_now(main())

@@ -93,3 +93,15 @@ def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | 
 def layer_main(layer: str) -> int:
     """`python -m <layer>.job`: the runner with that one layer selected."""
     return main(layer=layer)
+
+
+def exit_now(code: int):
+    """End the process with `code` once main() has returned: Spark stopped, locks released.
+    Python's own teardown after that (the GX, pandas and pyarrow modules, Py4J's threads) took
+    0.7 s of every run and does nothing a finished run needs. Logs are flushed first."""
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -10,7 +10,6 @@ ops.batch_accounting idempotently (a replayed batch writes nothing twice).
 """
 from __future__ import annotations
 
-import sys
 
 from pyspark.sql import functions as F
 
@@ -200,6 +199,6 @@ def layer(cfg) -> Layer:
 
 
 if __name__ == "__main__":
-    from pipeline.cli import layer_main
+    from pipeline.cli import exit_now, layer_main
 
-    sys.exit(layer_main("silver"))
+    exit_now(layer_main("silver"))
