@@ -195,6 +195,19 @@ def test_files_land_in_bronze_byte_for_byte_and_a_rerun_adds_nothing(spark, cfg,
         "count_if(kafka_topic IS NOT NULL OR kafka_offset IS NOT NULL) AS kafka_set").first()
     assert lineage.asDict() == {"not_file": 0, "no_time": 0, "bad_date": 0, "kafka_set": 0}
 
+    # Each batch's commit carries its lineage, and a batch this run planned appended blind:
+    # no Delta transaction lookup on the way (only a replay after a crash makes one).
+    from common.lineage import parse
+
+    log = Path(bronze_path(cfg)) / "_delta_log"
+    infos = [json.loads(line)["commitInfo"] for f in sorted(log.glob("*.json"))
+             for line in f.read_text().splitlines() if "commitInfo" in line]
+    lineages = [parse(i.get("userMetadata")) for i in infos if i["operation"] == "WRITE"]
+    assert lineages and all(x["query"] == "bronze_files" for x in lineages)
+    assert [x["batch_id"] for x in lineages] == sorted(batch_ids(cfg.checkpoint("bronze_files"), "commits"))
+    actions = [json.loads(line) for f in log.glob("*.json") for line in f.read_text().splitlines()]
+    assert not any("txn" in action for action in actions), "a first run looked up its key"
+
     version = delta_version(spark, cfg)
     ingest(spark, cfg, "files")
     assert bronze_rows(spark, cfg).count() == m["records"]
