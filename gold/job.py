@@ -19,7 +19,7 @@ from common import accounting
 from common.config import ConfigError
 from common.delta import commit_metadata, ensure_table, idempotent_append, live_files, retry_on_conflict
 from common.lineage import read_nothing
-from common.batch import BatchContext, MicroBatch
+from common.batch import BatchContext, MicroBatch, together
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.storage import is_delta_table
@@ -166,10 +166,12 @@ def prepare_gold(spark, cfg, specs) -> None:
                      cfg.kafka.topic_partitions, compacted=True)
     silver_schema = spark.read.format("delta").load(silver_path).schema
     # Created up front: concurrent queries creating it on their first batch would conflict.
-    ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
-    accounting.ensure_accounting(spark, cfg)
-    for spec in specs:
-        ensure_table(spark, cfg, "gold", spec.table, output_schema(spark, cfg, spec, silver_schema))
+    # Distinct tables, so side by side.
+    together(lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
+             lambda: accounting.ensure_accounting(spark, cfg),
+             *[(lambda spec=spec: ensure_table(spark, cfg, "gold", spec.table,
+                                               output_schema(spark, cfg, spec, silver_schema)))
+               for spec in specs])
 
 
 def start_table(spark, cfg, spec: GoldTable, suites: dict):

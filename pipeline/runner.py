@@ -110,34 +110,39 @@ class Maintainer:
 
 
 class PreparedAhead:
-    """Every layer's prepare (its tables, a dimension's seed), in pipeline order on a thread of
-    its own, while the layers before it run: in available-now mode silver's and gold's table
-    set-up (seconds of small Delta commits) no longer waits for bronze to finish. A prepare
-    needs only the tables of the prepares before it, never the data of a layer's run."""
+    """Every layer's prepare (its tables, a dimension's seed) on a thread of its own, while the
+    layers before it run: in available-now mode silver's and gold's table set-up (seconds of
+    small Delta commits) does not wait for bronze to finish. A prepare needs only the tables of
+    the layer it reads, never the data of a layer's run: it starts once that layer's prepare is
+    done (gold reads silver's schema), and alongside the others (bronze's and silver's)."""
 
     def __init__(self, spark, layers: list[Layer]):
         self.spark, self.layers = spark, layers
         self.ready = {layer.name: threading.Event() for layer in layers}
         self.errors: dict[str, BaseException] = {}
-        threading.Thread(target=self._run, name="prepare", daemon=True).start()
+        for layer in layers:
+            threading.Thread(target=self._prepare, args=(layer,), name=f"prepare-{layer.name}",
+                             daemon=True).start()
 
-    def _run(self) -> None:
-        for layer in self.layers:
-            try:
-                self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", layer.name)
-                layer.prepare(self.spark)
-            except BaseException as e:   # noqa: BLE001 - raised where the layer waits for it
-                self.errors[layer.name] = e
-                for event in self.ready.values():    # the layers after it cannot be prepared
-                    event.set()
-                return
-            finally:
-                self.ready[layer.name].set()
+    def _prepare(self, layer: Layer) -> None:
+        try:
+            upstream = self.ready.get(layer.reads)
+            if upstream is not None:
+                upstream.wait()
+                if layer.reads in self.errors:     # raised where the upstream layer waits
+                    return
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", layer.name)
+            layer.prepare(self.spark)
+        except BaseException as e:   # noqa: BLE001 - raised where the layer waits for it
+            self.errors[layer.name] = e
+        finally:
+            self.ready[layer.name].set()
 
     def wait(self, name: str) -> None:
-        """Block until the layer's tables are ready; raise what its prepare (or one before) raised."""
-        self.ready[name].wait()
+        """Block until this layer's tables and those of every layer before it are ready; raise
+        what the first failed prepare among them raised."""
         for layer in self.layers:
+            self.ready[layer.name].wait()
             if layer.name in self.errors:
                 raise self.errors[layer.name]
             if layer.name == name:

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.delta import ensure_table, idempotent_append
-from common.batch import BatchContext, MicroBatch
+from common.batch import BatchContext, MicroBatch, together
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.storage import is_delta_table
@@ -45,13 +45,13 @@ def ensure_tables(spark, cfg) -> None:
     # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
     # kept through OPTIMIZE): the audit uses it to tell which gold micro-batch read each event.
     partition = [cfg.profile.partition] if cfg.profile.partition else []
-    ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition,
-                 {"delta.enableRowTracking": "true"})
-    ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema)
-    ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS)
-    accounting.ensure_accounting(spark, cfg)
-    if cfg.profile.dimension:
-        ensure_seeded(spark, cfg)
+    # Five independent tables: a creation is mostly waiting on the log, so they overlap.
+    together(lambda: ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition,
+                                  {"delta.enableRowTracking": "true"}),
+             lambda: ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema),
+             lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
+             lambda: accounting.ensure_accounting(spark, cfg),
+             (lambda: ensure_seeded(spark, cfg)) if cfg.profile.dimension else None)
 
 
 class SilverBatch(MicroBatch):
