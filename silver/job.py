@@ -41,17 +41,21 @@ def output_schemas(spark, profile):
 
 
 def ensure_tables(spark, cfg) -> None:
-    silver_schema, quarantine_schema = output_schemas(spark, cfg.profile)
-    # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
-    # kept through OPTIMIZE): the audit uses it to tell which gold micro-batch read each event.
-    partition = [cfg.profile.partition] if cfg.profile.partition else []
-    # Five independent tables: a creation is mostly waiting on the log, so they overlap.
-    together(lambda: ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition,
-                                  {"delta.enableRowTracking": "true"}),
-             lambda: ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema),
+    # Five independent tables: a creation is mostly waiting on the log, so they overlap. The
+    # dimension's seed (the longest: a CSV read and a second commit) needs no schema computed.
+    def outputs():
+        silver_schema, quarantine_schema = output_schemas(spark, cfg.profile)
+        # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
+        # kept through OPTIMIZE): the audit uses it to tell which gold micro-batch read each event.
+        partition = [cfg.profile.partition] if cfg.profile.partition else []
+        together(lambda: ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition,
+                                      {"delta.enableRowTracking": "true"}),
+                 lambda: ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema))
+
+    together((lambda: ensure_seeded(spark, cfg)) if cfg.profile.dimension else None,
+             outputs,
              lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
-             lambda: accounting.ensure_accounting(spark, cfg),
-             (lambda: ensure_seeded(spark, cfg)) if cfg.profile.dimension else None)
+             lambda: accounting.ensure_accounting(spark, cfg))
 
 
 class SilverBatch(MicroBatch):
