@@ -130,7 +130,8 @@ class PreparedAhead:
             upstream = self.ready.get(layer.reads)
             if upstream is not None:
                 upstream.wait()
-                if layer.reads in self.errors:     # raised where the upstream layer waits
+                if layer.reads in self.errors:     # nor can the layers after it be prepared
+                    self.errors[layer.name] = self.errors[layer.reads]
                     return
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", layer.name)
             layer.prepare(self.spark)
