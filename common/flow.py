@@ -35,6 +35,7 @@ class Layer:
     flows: tuple[Flow, ...]
     preflight: Callable = lambda selected: None  # before Spark starts; raises JobError
     prepare: Callable = lambda spark: None      # create its tables (idempotent)
+    prepare_alone: Callable = lambda spark: None   # the part needing no other layer's tables: starts at once
     validate: Callable = lambda: None           # checks with heavy imports (GX suites); raise JobError.
                                                 # They run while the session starts, before any flow
     describe: str = ""                          # "<source> -> <sink>" for the start line

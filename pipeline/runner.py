@@ -121,9 +121,20 @@ class PreparedAhead:
         self.spark, self.layers = spark, layers
         self.ready = {layer.name: threading.Event() for layer in layers}
         self.errors: dict[str, BaseException] = {}
+        self.alone: dict[str, threading.Thread] = {}
         for layer in layers:
+            self.alone[layer.name] = threading.Thread(target=self._prepare_alone, args=(layer,),
+                                                      name=f"prepare-alone-{layer.name}", daemon=True)
+            self.alone[layer.name].start()
             threading.Thread(target=self._prepare, args=(layer,), name=f"prepare-{layer.name}",
                              daemon=True).start()
+
+    def _prepare_alone(self, layer: Layer) -> None:
+        try:
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", layer.name)
+            layer.prepare_alone(self.spark)
+        except BaseException as e:   # noqa: BLE001 - raised where the layer waits for it
+            self.errors.setdefault(layer.name, e)
 
     def _prepare(self, layer: Layer) -> None:
         try:
@@ -136,8 +147,9 @@ class PreparedAhead:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", layer.name)
             layer.prepare(self.spark)
         except BaseException as e:   # noqa: BLE001 - raised where the layer waits for it
-            self.errors[layer.name] = e
+            self.errors.setdefault(layer.name, e)
         finally:
+            self.alone[layer.name].join()
             self.ready[layer.name].set()
 
     def wait(self, name: str) -> None:
@@ -279,8 +291,9 @@ class Runner:
                      extra=fields(event="layer_done", layer=layer.name, seconds=round(took, 2), rows=rows))
 
     def _continuous(self) -> None:
-        for layer in self.layers:         # in order: each layer's upstream table exists first
-            layer.prepare(self.spark)
+        ahead = PreparedAhead(self.spark, self.layers)
+        for layer in self.layers:         # every layer's tables exist before any query starts
+            ahead.wait(layer.name)
         done: queue.Queue = queue.Queue()
         runs = self._start(self.layers, done)
         maintainer = None

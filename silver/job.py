@@ -40,9 +40,10 @@ def output_schemas(spark, profile):
             T.to_quarantine(T.rejected(parsed), 0, profile).schema)
 
 
-def ensure_tables(spark, cfg) -> None:
-    # Five independent tables: a creation is mostly waiting on the log, so they overlap. The
-    # dimension's seed (the longest: a CSV read and a second commit) needs no schema computed.
+def ensure_tables(spark, cfg, dimension: bool = True) -> None:
+    """Silver's tables; `dimension`: and the dimension's first-run seed (the runner starts that
+    one apart, earlier: seed_dimension). Independent tables, created side by side: a creation
+    is mostly waiting on the log."""
     def outputs():
         silver_schema, quarantine_schema = output_schemas(spark, cfg.profile)
         # Row tracking stamps each row with the version that added it (_metadata.row_commit_version,
@@ -52,10 +53,17 @@ def ensure_tables(spark, cfg) -> None:
                                       {"delta.enableRowTracking": "true"}),
                  lambda: ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema))
 
-    together((lambda: ensure_seeded(spark, cfg)) if cfg.profile.dimension else None,
+    together((lambda: seed_dimension(spark, cfg)) if dimension else None,
              outputs,
              lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
              lambda: accounting.ensure_accounting(spark, cfg))
+
+
+def seed_dimension(spark, cfg) -> None:
+    """The profile's dimension table, loaded on the first run (the longest of silver's set-up:
+    a CSV read and two commits). It needs no other table, so the runner starts it at once."""
+    if cfg.profile.dimension:
+        ensure_seeded(spark, cfg)
 
 
 class SilverBatch(MicroBatch):
@@ -197,7 +205,8 @@ def layer(cfg) -> Layer:
             raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
 
     return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite)),),
-                 preflight=preflight, prepare=lambda spark: ensure_tables(spark, cfg),
+                 preflight=preflight, prepare=lambda spark: ensure_tables(spark, cfg, dimension=False),
+                 prepare_alone=lambda spark: seed_dimension(spark, cfg),
                  validate=lambda: silver_suite(cfg),
                  describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})")
 
