@@ -110,12 +110,12 @@ class Maintainer:
 
 
 class PreparedAhead:
-    """Every layer's prepare (its tables, a dimension's seed) ahead of its run, while the layers
-    before it run: in available-now mode silver's and gold's table set-up (seconds of small
-    Delta commits) does not wait for bronze to finish. A prepare needs no layer's data, only
-    the tables of the layer it reads (gold reads silver's schema): it starts once that layer's
-    prepare is done. Silver's could start beside bronze's, but on 2 cores that slowed bronze's
-    set-up by as much as silver's gained."""
+    """Every layer's set-up ahead of its run, while the layers before it run: in available-now
+    mode silver's and gold's tables (seconds of small Delta commits) do not wait for bronze to
+    finish. A layer's `prepare_alone` (silver: the dimension's seed, its longest part) needs no
+    other table and starts at once. Its `prepare` needs the tables of the layer it reads (gold
+    reads silver's schema) and starts once that layer's set-up is done: started beside bronze's,
+    silver's tables slowed bronze's set-up on 2 cores by as much as they gained."""
 
     def __init__(self, spark, layers: list[Layer]):
         self.spark, self.layers = spark, layers
