@@ -11,6 +11,7 @@ import time
 from pyspark.errors import StreamingQueryException
 
 from common.accounting import executed_batches
+from common.batch import QueryBody
 from common.delta import ensure_table, idempotent_append
 from common.errors import JobError, caused_by
 from common.flow import Flow, Layer, Recovery
@@ -90,7 +91,7 @@ def start(spark, cfg, source: str):
     return start_query(spark, cfg, source)
 
 
-class BronzeAppend:
+class BronzeAppend(QueryBody):
     """foreachBatch body of bronze: the batch's rows appended once, keyed by (query, batch id),
     with its lineage. Delta's own streaming sink keys its commits the same way but looks the key
     up in the table's state before every batch, which Delta 4.4 rebuilds for each new version:
@@ -98,24 +99,18 @@ class BronzeAppend:
     a crash looks for its earlier commit (common.delta.idempotent_append), which makes the
     file/Kafka -> bronze path exactly once."""
 
-    def __init__(self, cfg, query: str):
-        from common.lineage import last_logged_batch
+    layer = "bronze"
 
-        self.cfg, self.query = cfg, query
-        self.checkpoint = cfg.checkpoint(query)
+    def __init__(self, cfg, query: str):
+        super().__init__(cfg, query)
         self.path = cfg.table_path("bronze", "events")
-        self.replays_through = last_logged_batch(self.checkpoint)   # built before the query starts
-        self._query_id = None
 
     def __call__(self, df, batch_id: int) -> None:
-        from common.lineage import PIPELINE, checkpoint_query_id
+        from common.lineage import PIPELINE
 
-        df.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", "bronze")
-        if self._query_id is None:
-            self._query_id = checkpoint_query_id(self.checkpoint)
-        lineage = {"pipeline": PIPELINE, "query": self.query, "query_id": self._query_id, "batch_id": batch_id}
-        idempotent_append(df, self.path, f"{self.query}-{self._query_id}", batch_id, lineage,
-                          replay=batch_id <= self.replays_through)
+        self.in_pool(df.sparkSession)
+        lineage = {"pipeline": PIPELINE, "query": self.query, "query_id": self.query_id, "batch_id": batch_id}
+        idempotent_append(df, self.path, self.app_id, batch_id, lineage, self.replay(batch_id))
 
 
 def start_query(spark, cfg, source: str):

@@ -31,33 +31,52 @@ class BatchContext:
     replay: bool = True      # its offsets were logged before this run: an attempt may have committed
 
 
-class MicroBatch:
-    """foreachBatch body: subclasses implement write(df, ctx), which ends every path with
-    `return self.commit(ctx, counts, *writes)` while what the writes read is still cached."""
+class QueryBody:
+    """What every foreachBatch body knows of its query: the checkpoint, whose id prefixes the key
+    of each of its appends, and which batches are replays. Build it before the query starts."""
 
     layer = ""
 
-    def __init__(self, spark, cfg, query: str, upstream: str, gate, books):
-        self.spark, self.cfg, self.query, self.upstream = spark, cfg, query, upstream
-        self.gate, self.books = gate, books
+    def __init__(self, cfg, query: str):
+        self.cfg, self.query = cfg, query
         self.checkpoint = cfg.checkpoint(query)
-        self.dq_path = cfg.table_path("ops", "dq_results")
-        self._app_id = None
-        # Batches up to this one were planned by an earlier run (built before the query starts,
-        # so before it logs any offset): only those can find their own writes already there.
+        self._query_id = None
+        # Batches up to this one were planned by an earlier run (read before the query logs any
+        # offset): only those can find their own writes already there.
         self.replays_through = last_logged_batch(self.checkpoint)
 
     @property
-    def app_id(self) -> str:
+    def query_id(self) -> str:
         # The checkpoint's id never changes while the query runs: read its metadata file once.
-        if self._app_id is None:
-            self._app_id = f"{self.query}-{checkpoint_query_id(self.checkpoint)}"
-        return self._app_id
+        if self._query_id is None:
+            self._query_id = checkpoint_query_id(self.checkpoint)
+        return self._query_id
+
+    @property
+    def app_id(self) -> str:
+        return f"{self.query}-{self.query_id}"
+
+    def replay(self, batch_id: int) -> bool:
+        return batch_id <= self.replays_through
+
+    def in_pool(self, spark) -> None:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.layer)
+
+
+class MicroBatch(QueryBody):
+    """foreachBatch body: subclasses implement write(df, ctx), which ends every path with
+    `return self.commit(ctx, counts, *writes)` while what the writes read is still cached."""
+
+    def __init__(self, spark, cfg, query: str, upstream: str, gate, books):
+        super().__init__(cfg, query)
+        self.spark, self.upstream = spark, upstream
+        self.gate, self.books = gate, books
+        self.dq_path = cfg.table_path("ops", "dq_results")
 
     def __call__(self, df, batch_id: int) -> None:
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.layer)
+        self.in_pool(self.spark)
         lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
-        ctx = BatchContext(batch_id, self.app_id, lineage, batch_id <= self.replays_through)
+        ctx = BatchContext(batch_id, self.app_id, lineage, self.replay(batch_id))
         with kept_for_runner(self.query):
             committed = self.write(df, ctx)
         if not isinstance(committed, Committed):

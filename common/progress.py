@@ -91,7 +91,7 @@ class ProgressRecorder(StreamingQueryListener):
     def __init__(self, spark, cfg: Config):
         self.spark, self.cfg = spark, cfg
         self.path = cfg.table_path("ops", "query_progress")
-        self._created: BaseException | bool = False
+        self._created = False
         self.flush_seconds = cfg.monitoring.progress_flush.seconds
         self.log_batches = cfg.monitoring.log_batches
         self._rows: queue.Queue = queue.Queue()
@@ -132,13 +132,10 @@ class ProgressRecorder(StreamingQueryListener):
             self.flush()
 
     def _ensure_table(self) -> None:
-        if self._created is True:
-            return
-        try:
+        # Failing here ends the writer thread; close() then tries again and raises in its caller.
+        if not self._created:
             ensure_table(self.spark, self.cfg, "ops", "query_progress", QUERY_PROGRESS)
             self._created = True
-        except Exception as e:   # noqa: BLE001 - raised by the next flush, in the caller's thread too
-            self._created = e
 
     def flush(self) -> int:
         rows = []
@@ -150,8 +147,6 @@ class ProgressRecorder(StreamingQueryListener):
         if not rows:
             return 0
         self._ensure_table()
-        if self._created is not True:
-            raise self._created
         now = datetime.now(timezone.utc)
         fields = QUERY_PROGRESS.fieldNames()
         data = [tuple({**dict.fromkeys(fields), **r, "recorded_at": now}[f] for f in fields) for r in rows]

@@ -10,7 +10,6 @@ sessions whose end + gap is behind it closed (status open/closed).
 """
 from __future__ import annotations
 
-
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F

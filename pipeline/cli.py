@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 from common.flow import ORDER
 
@@ -99,8 +100,6 @@ def exit_now(code: int):
     """End the process with `code` once main() has returned: Spark stopped, locks released.
     Python's own teardown after that (the GX, pandas and pyarrow modules, Py4J's threads) took
     0.7 s of every run and does nothing a finished run needs. Logs are flushed first."""
-    import sys
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
