@@ -553,6 +553,39 @@ def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tm
     assert_one_row_per_key(read(spark, copy, "gold", spec.table), spec.keys)
 
 
+def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_path):
+    """Rows folded batch by batch are only right for the query that folded them: gold refuses
+    another checkpoint and a table restored by hand, naming `make reset-gold`, which drops the
+    gold tables and checkpoints so the next run rebuilds the same rows from silver."""
+    from audit.reset_gold import main as reset_gold
+
+    cfg, _, _ = windowed
+    copy = copy_lakehouse(cfg, tmp_path)
+    try:
+        with pytest.raises(JobError) as other:
+            start(spark, copy, only={"sightings"})
+        assert "written by query gold " in str(other.value) and "make reset-gold" in str(other.value)
+        assert not Path(copy.checkpoint(ONLY["sightings"])).exists()
+        spark.sql(f"RESTORE TABLE delta.`{copy.table_path('gold', 'device_activity')}` TO VERSION AS OF 1")
+        with pytest.raises(JobError) as restored:
+            start(spark, copy)
+        assert "gold.device_activity was changed outside the pipeline (RESTORE at version" in str(restored.value)
+
+        assert reset_gold(["--yes"], cfg=copy) == 0
+        assert not Path(copy.checkpoint(GOLD)).exists()
+        assert not any(Path(copy.table_path("gold", t.table)).exists() for t in TABLES)
+        assert Path(copy.table_path("silver", "camera_events")).exists()
+        run_gold(spark, copy)
+        for spec in TABLES:
+            if spec.windowed:      # sessions' ids follow how batches were cut: one batch now
+                values = lambda c: bag(read(spark, c, "gold", spec.table),   # noqa: E731
+                                       [col for col in read(spark, c, "gold", spec.table).columns
+                                        if col != "finalized"])     # one batch: watermark 0
+                assert values(copy) == values(cfg), spec.table
+    finally:
+        drop_names(spark)
+
+
 def test_combine_folds_a_batch_into_the_table_row_for_every_measure_kind(spark):
     """count and sum add (a NULL sum stays NULL until a value comes), min and max keep the
     extreme, max_by and min_by the value at the extreme of their ordering, kept beside it."""
