@@ -63,6 +63,11 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(cfg.root / "_warehouse"),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        # One watermark per query, not one per stateful operator: no query here chains two, and
+        # the per-operator propagation does not see through a reused shuffle (gold's sessions
+        # and its pass-through of the events read one): from the second batch of a run the
+        # sessions' operator got no watermark, and no session ever timed out.
+        "spark.sql.streaming.statefulOperator.allowMultiple": "false",
         # Changelog checkpointing uploads only the changed keys per batch instead of a snapshot.
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # Compact each state store when it snapshots (every 10 batches): silver's dedup keys expire

@@ -779,6 +779,39 @@ def test_session_status_follows_the_final_watermark(spark, sessionized):
     assert not gold_batches & set(no_data), "a watermark-only batch made a gold commit"
 
 
+def test_sessions_close_as_the_watermark_moves_within_one_run(spark, tmp_path):
+    """In a run that goes on (processing-time), each batch's watermark reaches the sessions'
+    state function: sessions the watermark passed are closed by the next batch, in the table
+    and in the state. (The first batch of a run alone would not show it: its watermark comes
+    from the checkpoint.)"""
+    cfg = lakehouse_cfg(tmp_path, TRIGGER="processing-time", TRIGGER_INTERVAL="1 second")
+    early = [ev(f"e{i}", d, i * MIN, person=True) for i, d in enumerate(["a1", "a2", "b1"])]
+    late = [ev(f"l{i}", d, 5 * HOUR + i * MIN) for i, d in enumerate(["a1", "b2"])]
+    try:
+        append_silver(spark, cfg, early)
+        (query,) = start(spark, cfg)
+        try:
+            query.processAllAvailable()
+            append_silver(spark, cfg, late, batch_id=1, frontier_ms=max(e["t"] for e in early))
+            query.processAllAvailable()
+            append_silver(spark, cfg, [ev("x", "b2", 5 * HOUR + 10 * MIN)], batch_id=2,
+                          frontier_ms=max(e["t"] for e in late))
+            query.processAllAvailable()
+            progress = [p for p in query.recentProgress if p["numInputRows"]]
+        finally:
+            query.stop()
+        assert len(progress) == 3, [(p["batchId"], p["numInputRows"]) for p in progress]
+        wm = batch_watermark_ms(cfg.checkpoint(GOLD), progress[-1]["batchId"])
+        assert wm == T0_MS + 4 * HOUR + MIN        # the second batch's latest event - 1 hour
+        rows = bag(read(spark, cfg, "gold", "device_sessions"), ["device_id", "session_end", "status"])
+        assert {(d, s) for d, _, s in rows} == {("a1", "closed"), ("a2", "closed"), ("b1", "closed"),
+                                                ("a1", "open"), ("b2", "open")}, rows
+        state = progress[-1]["stateOperators"][0]["numRowsTotal"]
+        assert state == 2, f"state holds the open sessions only (a1 and b2), got {state} rows"
+    finally:
+        drop_names(spark)
+
+
 # --- merge_events and the state function, in plain pandas -----------------------------------
 
 def events_frame(*times_ms, person=False, motion=False, zip_code="94105", unknown=False):
