@@ -328,6 +328,10 @@ def test_gold_state_holds_open_sessions_not_events_nor_windows(spark, windowed):
     assert 0 < peak <= devices, (peak, devices)
     # One read of silver per batch: its input rows are the batch's silver rows, counted once.
     assert [p["numInputRows"] for run in runs for p in run[GOLD] if p["numInputRows"]] == [len(b) for b in batches]
+    # An available-now run leaves a snapshot of its state (no changelogs to replay at the next
+    # start): one per partition for every committed batch.
+    snapshots = sorted(p.name for p in (Path(cfg.checkpoint(GOLD)) / "state").rglob("*.zip"))
+    assert snapshots and not list((Path(cfg.checkpoint(GOLD)) / "state").rglob("*.changelog")), snapshots
 
 
 def test_windowed_aggregates_equal_batch_computation(spark, windowed):
