@@ -2,9 +2,9 @@
 
 Silver is written directly as a Delta table (the silver job is not run); gold runs as the real
 streaming query of gold.job with its checkpoint, available-now, once per append. Each append
-therefore becomes one micro-batch (a sessions-only query also runs the no-data batch Spark
-runs when the watermark moves), and appending events older than earlier batches' maximum, but
-within the one-hour watermark, feeds gold out of order. Every result is checked against a
+therefore becomes one micro-batch (plus the no-data batch Spark runs when the watermark moves),
+and appending events older than earlier batches' maximum, but within the one-hour watermark,
+feeds gold out of order. Every result is checked against a
 plain batch computation over the silver table.
 """
 from __future__ import annotations
@@ -416,30 +416,25 @@ def test_late_events_are_dropped_and_accounted(spark, windowed):
     assert sessions.agg(F.sum("events")).first()[0] == len(on_time)
 
 
-def next_watermark(cfg, query: str) -> int:
-    """The watermark the query's next batch will run with: Spark keeps it in the commit log."""
-    commits = Path(cfg.checkpoint(query)) / "commits"
-    last = max(int(f.name) for f in commits.iterdir() if f.name.isdigit())
-    return int(json.loads((commits / str(last)).read_text().splitlines()[1])["nextBatchWatermarkMs"])
-
-
 def test_windows_behind_the_watermark_are_finalized(spark, windowed):
-    """`finalized` follows the watermark of the last batch that brought rows. The run ends with
-    no watermark-only batch (it would write nothing): the watermark all data seen gives is in
-    the commit log, and the next batch with rows runs with it."""
+    """`finalized` follows the watermark of the last batch that brought rows: the run's closing
+    no-data batch moved the watermark further but wrote nothing (no MERGE for a flag)."""
     cfg, batches, _ = windowed
     marks = watermarks(cfg, GOLD)
-    assert sorted(marks) == committed_batches(cfg, GOLD, data_only=True) == [0, 1]
-    assert next_watermark(cfg, GOLD) == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
-    wm = marks[1]
-    assert wm == max(e["t"] for e in batches[0]) + T0_MS - WATERMARK_MS < next_watermark(cfg, GOLD)
+    # The run's last batch moved the watermark to all data seen: max event time - 1 hour.
+    assert marks[max(marks)] == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
+    data = committed_batches(cfg, GOLD, data_only=True)
+    assert len(data) == 2 and max(marks) not in data
+    wm = marks[data[-1]]
+    assert wm == max(e["t"] for e in batches[0]) + T0_MS - WATERMARK_MS < marks[max(marks)]
     for key in ("sightings", "activity"):
         rows = bag(read(spark, cfg, "gold", SPEC[key].table), ["window_end", "finalized"])
         wrong = [(end, fin) for (end, fin) in rows if fin != (end <= wm)]
         assert not wrong, f"{key}: finalized flag wrong for (window_end, finalized) {wrong[:5]} (wm {wm})"
         assert {fin for _, fin in rows} == {True, False}, f"{key}: want both final and open windows"
+        # The no-data batch made no gold commit: the table's last version is the data batch's.
         last = DeltaTable.forPath(spark, cfg.table_path("gold", SPEC[key].table)).history(1).first()
-        assert parse(last["userMetadata"])["batch_id"] == 1
+        assert parse(last["userMetadata"])["batch_id"] == data[-1]
 
 
 def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
@@ -450,7 +445,7 @@ def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
     books = {r.batch_id: r.rows_written for r in read(spark, cfg, "ops", "batch_accounting")
              .where(F.col("query") == GOLD).collect()}
     assert_booked(books, cfg, GOLD)
-    assert sorted(books) == [0, 1] and all(books.values())
+    assert sorted(books) == committed_batches(cfg, GOLD, data_only=True) and all(books.values())
     assert {r.query for r in dq} == {GOLD}
     for spec in TABLES:
         rules = {r.name for r in suites[f"gold.{spec.table}"].rules}
@@ -486,11 +481,11 @@ def gold_input(spark, cfg, events):
     return events.select(F.struct(*event_columns(cfg, TABLES, events.columns)).alias(EVENT))
 
 
-def batch_events(spark, cfg, batch: int):
-    """The on-time silver rows gold's batch `batch` read (the fixture appends one silver
-    commit per gold batch)."""
+def batch_events(spark, cfg, append: int):
+    """The on-time silver rows of the fixture's append `append`: what gold's data batch of
+    that run read."""
     late_ids = [e["event_id"] for e in LATE]
-    return silver(spark, cfg).where((F.col("silver_batch_id") == batch) & ~F.col("event_id").isin(late_ids))
+    return silver(spark, cfg).where((F.col("silver_batch_id") == append) & ~F.col("event_id").isin(late_ids))
 
 
 def copy_lakehouse(cfg, tmp_path):
@@ -533,11 +528,12 @@ def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tm
     suites = load_suites(cfg.gold.expectations)
     windowed_specs = [SPEC["sightings"], SPEC["activity"]]
     gates = {s.table: QualityGate(suites[f"gold.{s.table}"]) for s in windowed_specs}
-    last = max(committed_batches(cfg, GOLD, data_only=True))
+    last = max(committed_batches(cfg, GOLD, data_only=True))      # the second append's batch
+    assert batch_events(spark, cfg, 1).count() > 0
     before = {s.table: _snapshot(spark, cfg, s) for s in windowed_specs}
     replay = GoldBatch(spark, cfg, windowed_specs, gates, _Books(), GOLD)
     for _ in range(2):
-        replay(gold_input(spark, cfg, batch_events(spark, cfg, last)), last)
+        replay(gold_input(spark, cfg, batch_events(spark, cfg, 1)), last)
         assert {s.table: _snapshot(spark, cfg, s) for s in windowed_specs} == before
     assert replay.books.stashed[last]["rows_written"] == 0
 
@@ -552,7 +548,7 @@ def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tm
     assert _snapshot(spark, copy, spec) != before[spec.table]
     replay = GoldBatch(spark, copy, windowed_specs, gates, _Books(), GOLD)
     for _ in range(2):
-        replay(gold_input(spark, copy, batch_events(spark, copy, last)), last)
+        replay(gold_input(spark, copy, batch_events(spark, copy, 1)), last)
         assert {s.table: _snapshot(spark, copy, s) for s in windowed_specs} == before
     assert_one_row_per_key(read(spark, copy, "gold", spec.table), spec.keys)
 
