@@ -43,8 +43,10 @@ def last_lineage(history: list[Version], query: str) -> dict | None:
     return found[-1] if found else None
 
 
-def drops(spark, accounting_path: str, query: str) -> dict[str, int]:
-    row = (spark.read.format("delta").load(accounting_path).where(F.col("query") == query)
+def drops(spark, accounting_path: str, query) -> dict[str, int]:
+    """Drops booked by a query's batches (`query`: a name, or several)."""
+    names = [query] if isinstance(query, str) else list(query)
+    row = (spark.read.format("delta").load(accounting_path).where(F.col("query").isin(names))
            .agg(F.coalesce(F.sum("duplicates_dropped"), F.lit(0)).alias("d"),
                 F.coalesce(F.sum("late_dropped"), F.lit(0)).alias("l"), F.count(F.lit(1)).alias("n"))
            .first())
@@ -73,9 +75,10 @@ def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Ver
                       note=f"bronze@{upstream} holds {bronze.count():,} records; {d['batches']} silver batches")
 
 
-def gold_books(spark, name: str, query: str, silver_path: str, accounting_path: str,
+def gold_books(spark, name: str, query, silver_path: str, accounting_path: str,
                lineages: list[dict], on_time_count) -> BooksCheck:
-    """`lineages`: the query's batches in run order (audit.prefix.batch_lineages);
+    """`query`: the query (or queries) that wrote the table; `lineages`: their batches in run
+    order (audit.prefix.batch_lineages);
     `on_time_count(upstream_version)` is the prefix recompute's count of events consumed."""
     lineage = lineages[-1] if lineages else None
     if lineage is None:

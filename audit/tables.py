@@ -14,13 +14,13 @@ def writers(cfg: Config) -> dict[str, tuple[str, ...]]:
     return {"bronze.events": ("bronze_files", "bronze_kafka"),
             f"silver.{cfg.silver_table}": ("silver",),
             "silver.quarantine": ("silver",),
-            **{f"gold.{t}": (f"gold_{t}",) for t in cfg.tables["gold"]}}
+            **{f"gold.{t}": ("gold",) for t in cfg.tables["gold"]}}
 
 
 def stream_readers(cfg: Config) -> dict[str, tuple[str, ...]]:
     """Streaming queries that read each table as a Delta stream source."""
     return {"bronze.events": ("silver",),
-            f"silver.{cfg.silver_table}": tuple(f"gold_{t}" for t in cfg.tables["gold"])}
+            f"silver.{cfg.silver_table}": ("gold",)}
 
 
 def outputs(cfg: Config) -> dict[str, tuple[str, ...]]:

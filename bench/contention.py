@@ -72,6 +72,10 @@ class OtherCpu:
             self._sample()
             self.seconds = round(self._ticks / TICK, 1)
 
+    def seconds_so_far(self) -> float:
+        """Other processes' CPU seconds since the start, as of the last one-second sample."""
+        return self._ticks / TICK
+
     def share(self, wall: float) -> float | None:
         """Other processes' CPU as a share of the machine's capacity over `wall` seconds."""
         return None if self.seconds is None or wall <= 0 else round(self.seconds / (wall * os.cpu_count()), 3)

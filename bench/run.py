@@ -325,19 +325,21 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
 
 
 def state(session, cfg, span: dict) -> dict:
-    """Gold state rows over the streaming run: after each gold batch, the sum over the three
-    queries of each one's latest state_rows. Flat: the second half's peak is within 25% of
-    the first half's (unbounded state keeps growing with event time)."""
+    """Gold state rows over the streaming run: after each gold batch, the sum over the gold
+    queries (one, `gold`; a lakehouse of an older version had one per table) of each one's
+    latest state_rows. Flat: the second half's peak is within 25% of the first half's
+    (unbounded state keeps growing with event time)."""
     path = cfg.table_path("ops", "query_progress")
     rows = session.sql(
         f"SELECT query_name, unix_millis(timestamp) AS t, state_rows, unix_millis(watermark) AS wm "
-        f"FROM delta.`{path}` WHERE event = 'progress' AND query_name LIKE 'gold_%' "
+        f"FROM delta.`{path}` WHERE event = 'progress' AND query_name LIKE 'gold%' "
         f"AND state_rows IS NOT NULL ORDER BY t")
+    queries = {r["query_name"] for r in rows}
     latest: dict[str, int] = {}
     series = []
     for r in rows:
         latest[r["query_name"]] = r["state_rows"]
-        if len(latest) == len(GOLD):
+        if len(latest) == len(queries):
             series.append((r["t"], sum(latest.values())))
     if not series:
         return {}

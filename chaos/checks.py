@@ -103,13 +103,13 @@ def _check_booked(out: Checks, read, cfg) -> None:
     # (written inside the batch, before the commit) must exist, or its drop counts are lost.
     # A no-data batch (watermark only) read no row, so it dropped none and may have no row.
     from common.lineage import read_nothing
-    from gold.tables import gold_tables
+    from gold.tables import for_config, query_name
 
     booked = {}
     for r in read("ops", "batch_accounting").select("query", "batch_id").collect():
         booked.setdefault(r.query, set()).add(r.batch_id)
     unbooked = {}
-    for query in ["silver", *(t.query for t in gold_tables(cfg.profile))]:
+    for query in ["silver", query_name(cfg, for_config(cfg))]:
         commits = location(cfg.checkpoint(query)) / "commits"
         done = {int(f.name) for f in commits.iterdir() if f.name.isdigit()} if commits.is_dir() else set()
         done = {b for b in done if not read_nothing(cfg.checkpoint(query), b)}

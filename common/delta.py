@@ -210,6 +210,32 @@ def appended(spark, path: str, app_id: str, version: int, query_id: str | None =
         page *= 8
 
 
+# Commits that change no row of a table.
+NO_ROW_CHANGE = ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES",
+                 "ADD COLUMNS", "CHANGE COLUMN", "UPGRADE PROTOCOL")
+
+
+def last_lineage(spark, path: str, page: int = 16) -> tuple[dict | None, list[tuple[int, str]]]:
+    """The lineage of the table's newest commit made by a micro-batch (None if no batch ever
+    wrote it), and the (version, operation) of every commit after it that changed rows
+    without one: a RESTORE, a DELETE or an append made by hand."""
+    from common.lineage import parse
+
+    table = DeltaTable.forPath(spark, path)
+    while True:
+        rows = table.history(page).select("version", "operation", "userMetadata").collect()
+        outside = []
+        for row in rows:
+            lineage = parse(row.userMetadata)
+            if lineage is not None:
+                return lineage, outside
+            if row.operation not in NO_ROW_CHANGE:
+                outside.append((row.version, row.operation))
+        if len(rows) < page:
+            return None, outside
+        page *= 8
+
+
 CONFLICT_RETRIES = 3
 
 

@@ -288,17 +288,19 @@ def dq_rows(outcomes: list[Outcome], query: str, batch_id: int, table: str, suit
             for o in outcomes]
 
 
-def write_results(spark, path: str, outcomes: list[Outcome], query: str, batch_id: int,
-                  suite: Suite, app_id: str, metadata: dict | None = None, replay: bool = True) -> None:
-    """One row per expectation per batch into ops.dq_results. A batch stopped by a `fail` rule
-    is recorded under its own app id, so after the fix its replay adds the passing results next
-    to the failed attempt (an audit trail), while a replay of the same outcome is skipped."""
+def write_results(spark, path: str, checked: list[tuple[list[Outcome], Suite]], query: str, batch_id: int,
+                  app_id: str, metadata: dict | None = None, replay: bool = True) -> None:
+    """One row per expectation per table per batch into ops.dq_results, in one append (gold
+    gates every table it writes in a batch: one commit, not one per table). A batch stopped by
+    a `fail` rule is recorded under its own app id, so after the fix its replay adds the passing
+    results next to the failed attempt (an audit trail), while a replay of the same outcome is
+    skipped."""
     from common.delta import idempotent_append, local_frame
     from common.schemas import DQ_RESULTS
 
-    rows = local_frame(spark, dq_rows(outcomes, query, batch_id, suite.table, suite.name), DQ_RESULTS)
-    kind = "dq-failed" if failures(outcomes) else "dq"
-    idempotent_append(rows, path, f"{app_id}-{kind}", batch_id, metadata, replay)
+    rows = [row for outcomes, suite in checked for row in dq_rows(outcomes, query, batch_id, suite.table, suite.name)]
+    kind = "dq-failed" if any(failures(outcomes) for outcomes, _ in checked) else "dq"
+    idempotent_append(local_frame(spark, rows, DQ_RESULTS), path, f"{app_id}-{kind}", batch_id, metadata, replay)
 
 
 class GateRun:
@@ -317,14 +319,29 @@ def check(gate: "QualityGate", df, spark, path: str, query: str, batch_id: int,
     """Validate a batch; on a `fail` rule record the results and raise. Otherwise the caller
     records them (GateRun.record), beside its writes. Callers gate only batches with rows: an
     empty batch has nothing to validate and records nothing."""
+    return check_tables([(gate, df, rows)], spark, path, query, batch_id, app_id, metadata, replay)
+
+
+def check_tables(gated: list[tuple["QualityGate", object, int | None]], spark, path: str, query: str,
+                 batch_id: int, app_id: str, metadata: dict | None = None, replay: bool = True) -> GateRun:
+    """`check` for several tables of one batch, (gate, df, rows) each: validated side by side
+    (GX's Python and Spark's jobs overlap), recorded in one append. `outcomes` holds them all."""
     import time
 
+    from common.batch import together
+
     started = time.monotonic()
-    outcomes = gate.validate(df, rows)
-    run = GateRun(outcomes, int((time.monotonic() - started) * 1000),
-                  lambda: write_results(spark, path, outcomes, query, batch_id, gate.suite, app_id, metadata,
-                                        replay))
-    if failures(outcomes):
-        run.record()
-        raise_on_failures(outcomes, query, batch_id, gate.suite.table)
+    found: list = [None] * len(gated)
+
+    def validate(i, gate, df, rows):
+        found[i] = gate.validate(df, rows)
+
+    together(*[(lambda i=i, g=g: validate(i, *g)) for i, g in enumerate(gated)])
+    checked = [(outcomes, gate.suite) for outcomes, (gate, _, _) in zip(found, gated)]
+    run = GateRun([o for outcomes, _ in checked for o in outcomes], int((time.monotonic() - started) * 1000),
+                  lambda: write_results(spark, path, checked, query, batch_id, app_id, metadata, replay))
+    for outcomes, suite in checked:
+        if failures(outcomes):
+            run.record()
+            raise_on_failures(outcomes, query, batch_id, suite.table)
     return run

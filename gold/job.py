@@ -1,14 +1,28 @@
 """Gold job: silver -> the profile's gold tables (nest: gold.zip_hourly_sightings,
-gold.device_activity, gold.device_sessions). One streaming query per table, own checkpoint.
+gold.device_activity, gold.device_sessions), all written by ONE streaming query (`gold`).
 
     python -m gold.job [--only sightings,activity,sessions] [--trigger ...] [--interval ...]
 
-Every table holds the current value of every window or session seen so far: each micro-batch's
-updated rows are MERGEd by key (setting values, so a replayed batch is harmless). Windows whose
-end is behind the watermark of the last batch that brought rows are marked finalized, and
-sessions whose end + gap is behind it closed (status open/closed).
+Each micro-batch reads silver once. Its on-time events are shuffled once by the sessions key;
+the same shuffle output feeds both the sessions' arbitrary stateful processing
+(applyInPandasWithState) and, passed through as they are, the windowed tables, which keep no
+Spark state: a batch's part of each window it touched (a plain aggregation of the batch) is
+folded into the window's current row in the table (gold.transform.combine), and the rows it
+changed are MERGEd by key. The tables are the windows' state, so gold's state store holds open
+sessions only, and a window costs nothing once the batches stop touching it.
+
+Every table holds the current value of every window or session seen so far. Windows whose end
+is behind the watermark of the last batch that brought rows are marked finalized, and sessions
+whose end + gap is behind it closed (status open/closed).
+
+A window's row is the sum of every batch that touched it, so each batch must reach a table
+exactly once: a replayed batch (after a crash) first looks for its own commit in the table's
+history and skips the tables it already wrote, and a table is only ever written by the
+checkpoint that wrote it first (prepare refuses another).
 """
 from __future__ import annotations
+
+import re
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
@@ -16,17 +30,23 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import commit_metadata, ensure_table, idempotent_append, live_files, retry_on_conflict
-from common.lineage import read_nothing
+from common.delta import (TXN, appended, commit_metadata, ensure_table, idempotent_append, last_lineage, live_files,
+                          retry_on_conflict)
+from common.lineage import checkpoint_query_id, read_nothing
 from common.batch import BatchContext, MicroBatch, together
-from common.quality import QualityGate, load_suites
+from common.quality import QualityGate, check_tables, load_suites
 from common.schemas import DQ_RESULTS
-from common.storage import is_delta_table
+from common.storage import is_delta_table, location
 from common.errors import JobError
 from common.streaming import trigger
 from common.flow import Flow, Layer
+from gold import sessions as S
 from gold import transform as T
-from gold.tables import GoldTable, for_config
+from gold.tables import GoldTable, for_config, query_name
+from silver.transform import FRONTIER
+
+EVENT, SESSION = "event", "session"        # the two kinds of row a gold micro-batch hands over
+INPUT_METRICS = "gold_input"
 
 
 def output_schema(spark, cfg, spec: GoldTable, silver_schema):
@@ -36,22 +56,75 @@ def output_schema(spark, cfg, spec: GoldTable, silver_schema):
     return T.with_finalized(spec.build(empty, cfg), 0).schema
 
 
+def event_columns(cfg, tables, silver_columns) -> list[str]:
+    """The silver columns the tables read: shuffling only these keeps the batch's one shuffle
+    narrow (a silver row also carries its raw lineage)."""
+    wanted = {"event_time"}
+    for spec in tables:
+        if spec.windowed:
+            agg = next(a for a in cfg.profile.aggregations if a.key == spec.key)
+            wanted |= set(agg.group)
+            expressions = [e for _, e in agg.measures]
+        else:
+            sessions = spec.sessions
+            wanted |= {sessions.key, *sessions.latest}
+            expressions = [e for _, e in sessions.measures]
+        for e in expressions:
+            wanted |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", e))
+    wanted = {w.lower() for w in wanted}          # Spark's column names are case-insensitive
+    return [c for c in silver_columns if c.lower() in wanted]
+
+
+def gold_stream(spark, cfg, tables) -> DataFrame:
+    """The gold query's streaming plan: one row per on-time event (column `event`) and one per
+    session update (column `session`), from one read and one shuffle of silver."""
+    silver_path = cfg.table_path("silver", cfg.silver_table)
+    wm = cfg.gold.watermark
+    metrics = [F.count(F.lit(1)).alias("rows_in")]
+    if wm is not None:   # without a watermark nothing is late (progress_counts reads 0)
+        metrics.append(F.count(F.when(T.late(wm.seconds), 1)).alias("late"))
+    silver = (spark.readStream.format("delta")
+              .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path))
+    events = T.on_time(silver.observe(INPUT_METRICS, *metrics), wm)
+    events = events.select(*event_columns(cfg, tables, [c for c in silver.columns if c != FRONTIER]))
+    sessions = next((t for t in tables if not t.windowed), None)
+    windowed = any(t.windowed for t in tables)
+    if sessions is not None:
+        spec = sessions.session_spec(cfg)
+        # The stateful operator needs the events hashed by its key: shuffled once here, the
+        # pass-through branch reads the same shuffle output (Spark reuses the exchange), so the
+        # batch is read and shuffled once for every table.
+        carried = ()
+        if windowed:
+            events = events.repartition(spec.key)
+            carried = events.columns     # else the branches prune differently: two shuffles
+        updates = S.sessionize(events, spec, *carried)
+    passing = events.select(F.struct(*events.columns).alias(EVENT),
+                            *([F.lit(None).cast(updates.schema).alias(SESSION)] if sessions else []))
+    if sessions is None:
+        return passing
+    sessioned = updates.select(F.lit(None).cast(passing.schema[EVENT].dataType).alias(EVENT),
+                               F.struct(*updates.columns).alias(SESSION))
+    return passing.unionByName(sessioned) if windowed else sessioned
+
+
 def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int,
           ctx: BatchContext, close_behind: bool = True) -> None:
-    """MERGE the batch's updated rows. A conflict with a concurrent compaction (make maintain,
-    the runner's maintenance) replans and retries: the MERGE is a function of the batch and the
-    table's rows, which compaction does not change.
+    """MERGE the batch's updated rows (each window's or session's value after the batch). A
+    conflict with a concurrent compaction (make maintain, the runner's maintenance) replans and
+    retries: the rows are computed already, and compaction does not change the table's rows.
 
     Into an empty table (a fresh lakehouse's first batch, the whole of a first available-now
     run) every row is an insert, so an append keyed by the batch does the MERGE's work without
-    its joins: a third of the batch's time. A replay finds the rows there and MERGEs the same
-    values over them, or finds the table still empty and appends (or is skipped) once.
-    `close_behind`: also close the table's rows the watermark passed that the batch does not
-    carry (see _merge_once)."""
+    its joins. `close_behind`: also close the table's rows the watermark passed that the batch
+    does not carry (see _merge_once)."""
     if live_files(spark, path) == 0:
         rows = updates if spec.windowed else updates.where("status <> 'merged'")
-        idempotent_append(rows, path, f"{ctx.app_id}-first", ctx.batch_id, ctx.lineage, ctx.replay)
+        idempotent_append(rows, path, batch_key(ctx), ctx.batch_id, ctx.lineage, ctx.replay)
         return
+    # The commit's metadata (lineage and key) is the batch's session conf, set by the caller
+    # for every table at once: MERGE has no writer option, and one session conf set per table
+    # by concurrent writes would race.
     retry_on_conflict(lambda: _merge_once(spark, cfg, path, spec, updates, watermark_ms, close_behind))
 
 
@@ -79,55 +152,94 @@ def _merge_once(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, wate
     m.execute()
 
 
+def batch_key(ctx: BatchContext) -> str:
+    """The key of the batch's commit to each gold table (with the batch id as its version):
+    one commit per table per batch, so the table's history tells whether the batch wrote it."""
+    return f"{ctx.app_id}-gold"
+
+
 class GoldBatch(MicroBatch):
-    """foreachBatch body for one gold table."""
+    """foreachBatch body of the gold query: every table it writes, from one batch."""
 
     layer = "gold"
 
-    def __init__(self, spark, cfg, spec: GoldTable, gate: QualityGate | None, books):
-        super().__init__(spark, cfg, spec.query, f"silver.{cfg.silver_table}", gate, books)
-        self.spec = spec
-        self.path = cfg.table_path("gold", spec.table)
-        # Whether the table may hold rows the watermark has passed that no later batch carries.
-        # Windows: always (update mode never re-emits a window the watermark evicts). Sessions:
-        # only after a batch that wrote nothing, since every other batch emits the sessions it
-        # times out; and at a start, for what an earlier run left.
+    def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None):
+        super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", None, books)
+        self.tables = tuple(tables)
+        self.gates = gates                   # table -> QualityGate (tables without a suite: none)
+        self.paths = {t.table: cfg.table_path("gold", t.table) for t in tables}
+        # Whether the sessions table may hold rows the watermark has passed that no later batch
+        # carries: only after a batch that wrote nothing, since every other batch emits the
+        # sessions it times out; and at a start, for what an earlier run left. (Windows: always,
+        # update output never re-emits a window the watermark passes.)
         self.stale_behind = True
 
+    def updates(self, spec: GoldTable, batch: DataFrame, watermark_ms: int) -> DataFrame:
+        """What the batch changes in one table: each touched window's value after the batch, or
+        the session rows the stateful operator emitted."""
+        if not spec.windowed:
+            return batch.where(F.col(SESSION).isNotNull()).select(f"{SESSION}.*")
+        events = batch.where(F.col(EVENT).isNotNull()).select(f"{EVENT}.*")
+        part = spec.build(events, self.cfg)
+        if live_files(self.spark, self.paths[spec.table]) == 0:
+            full = part
+        else:
+            full = spec.combine(part, DeltaTable.forPath(self.spark, self.paths[spec.table]).toDF())
+        return T.with_finalized(full, watermark_ms)
+
+    def written(self, spec: GoldTable, ctx: BatchContext) -> bool:
+        """A replayed batch that committed to this table before the crash: its part is in the
+        rows already, and folding it in again would count it twice."""
+        return ctx.replay and appended(self.spark, self.paths[spec.table], batch_key(ctx), ctx.batch_id,
+                                       ctx.lineage.get("query_id"))
+
     def write(self, batch: DataFrame, ctx: BatchContext) -> dict:
-        cfg, spec, lineage = self.cfg, self.spec, ctx.lineage
+        cfg, lineage = self.cfg, ctx.lineage
         watermark = lineage["watermark_ms"]
-        updates = (T.with_finalized(batch, watermark) if spec.windowed else batch).persist()
+        batch.persist()
+        changed: list[tuple[GoldTable, DataFrame, int]] = []
         try:
-            n = updates.count()
-            session = batch.sparkSession
             # A batch that read no row (one that only moved the watermark) writes nothing:
             # marking the windows it made final, or the sessions it timed out, would cost a
-            # MERGE (10-14 s at the end of a run, three queries at once) for a flag. The next
-            # batch with rows marks them in its MERGE. (It still ran: its state was committed.)
-            if not n or read_nothing(self.checkpoint, ctx.batch_id):
+            # MERGE for a flag. The next batch with rows marks them in its MERGE. (It still ran:
+            # its state was committed.)
+            if not batch.count() or read_nothing(self.checkpoint, ctx.batch_id):
                 self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
-            gate = None
-            if self.gate is not None:
-                live = updates.where("status <> 'merged'") if not spec.windowed else updates
-                gate = self.validate(T.quality_view(live, cfg.profile.dimension), ctx,
-                                     n if spec.windowed else None)
-
-            close_behind = spec.windowed or self.stale_behind
-
-            def write():
-                with commit_metadata(session, lineage):
-                    merge(session, cfg, self.path, spec, updates, watermark, ctx, close_behind)
-
-            publish = spec.publish and cfg.gold.stats_to_kafka
-            committed = self.commit(ctx, dict(rows_written=n, quality_ms=gate.ms if gate else None), write,
-                                    gate.record if gate else None,
-                                    (lambda: publish_stats(cfg, spec, updates)) if publish else None)
-            self.stale_behind = spec.windowed
+            for spec in self.tables:
+                if self.written(spec, ctx):
+                    continue
+                rows = self.updates(spec, batch, watermark).persist()
+                changed.append((spec, rows, rows.count()))
+            gated = [(self.gates[spec.table], T.quality_view(self.live(spec, rows), cfg.profile.dimension),
+                      n if spec.windowed else None)
+                     for spec, rows, n in changed if n and spec.table in self.gates]
+            gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
+                                 lineage, ctx.replay) if gated else None)
+            writes = []
+            for spec, rows, n in changed:
+                if not n:
+                    continue
+                close_behind = spec.windowed or self.stale_behind
+                writes.append(lambda spec=spec, rows=rows, close_behind=close_behind: merge(
+                    rows.sparkSession, cfg, self.paths[spec.table], spec, rows, watermark, ctx, close_behind))
+                if spec.publish and cfg.gold.stats_to_kafka:
+                    writes.append(lambda spec=spec, rows=rows: publish_stats(cfg, spec, rows))
+            counts = dict(rows_written=sum(n for _, _, n in changed), quality_ms=gate.ms if gate else None)
+            key = {TXN: {"app": batch_key(ctx), "version": ctx.batch_id}}
+            with commit_metadata(batch.sparkSession, {**lineage, **key}):
+                committed = self.commit(ctx, counts, *writes, gate.record if gate else None)
+            self.stale_behind = False
             return committed
         finally:
-            updates.unpersist()
+            for _, rows, _ in changed:
+                rows.unpersist()
+            batch.unpersist()
+
+    @staticmethod
+    def live(spec: GoldTable, rows: DataFrame) -> DataFrame:
+        """The rows the gate checks: sessions' `merged` notices are deletions, not rows."""
+        return rows if spec.windowed else rows.where("status <> 'merged'")
 
 
 def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
@@ -138,9 +250,6 @@ def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
      .option("topic", cfg.kafka.topics.stats).save())
 
 
-INPUT_METRICS = "gold_input"
-
-
 def progress_counts(progress: dict) -> dict:
     seen = accounting.observed(progress, INPUT_METRICS)
     # Late events are counted before on_time() drops them; no stateful operator drops any row
@@ -149,8 +258,39 @@ def progress_counts(progress: dict) -> dict:
             "duplicates_dropped": 0}
 
 
+def check_owner(spark, cfg, query: str, tables) -> None:
+    """Refuse to fold batches into rows they would make wrong. A window's row is the sum of
+    every batch its query folded in: a second query (a deleted checkpoint, another --only
+    selection, the per-table queries of an older version) would read silver from its start
+    and count every event again, and rows changed by hand since the query's last batch (a
+    RESTORE) no longer hold what it folded in."""
+    checkpoint = cfg.checkpoint(query)
+    mine = checkpoint_query_id(checkpoint) if (location(checkpoint) / "metadata").exists() else None
+    rebuild = ("Rebuild gold from silver: `make reset-gold` drops the gold tables and checkpoints, "
+               "then run gold again.")
+    for spec in tables:
+        path = cfg.table_path("gold", spec.table)
+        if not is_delta_table(path):
+            continue
+        writer, outside = last_lineage(spark, path)
+        if writer is not None and writer.get("query_id") != mine:
+            raise JobError(
+                f"gold.{spec.table} was written by query {writer.get('query')} (checkpoint id "
+                f"{writer.get('query_id')}), not by {query} ({checkpoint}"
+                f"{', which does not exist yet' if mine is None else ''}): its rows are the sum "
+                f"of the batches that query folded in, and another one would count silver's "
+                f"events again. Run the selection that wrote it (`--only`), or: {rebuild}")
+        if writer is not None and outside:
+            version, operation = outside[-1]
+            raise JobError(
+                f"gold.{spec.table} was changed outside the pipeline ({operation} at version "
+                f"{version}) after the last batch of {query}: its rows no longer hold what the "
+                f"query folded in, and the next batches would build on them. {rebuild}")
+
+
 def prepare_gold(spark, cfg, specs) -> None:
-    """Check the stats topic when publishing, create the gold and ops tables."""
+    """Check the stats topic when publishing, create the gold and ops tables, check that this
+    query owns its tables."""
     silver_path = cfg.table_path("silver", cfg.silver_table)
     if not is_delta_table(silver_path):
         raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
@@ -163,8 +303,9 @@ def prepare_gold(spark, cfg, specs) -> None:
             raise JobError(f"gold.stats_to_kafka is on but {e}") from None
         ensure_topic(cfg.kafka.bootstrap_servers, cfg.kafka.topics.stats,
                      cfg.kafka.topic_partitions, compacted=True)
+    check_owner(spark, cfg, query_name(cfg, specs), specs)
     silver_schema = spark.read.format("delta").load(silver_path).schema
-    # Created up front: concurrent queries creating it on their first batch would conflict.
+    # Created up front: concurrent writers creating it on their first batch would conflict.
     # Distinct tables, so side by side.
     together(lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
              lambda: accounting.ensure_accounting(spark, cfg),
@@ -173,55 +314,51 @@ def prepare_gold(spark, cfg, specs) -> None:
                for spec in specs])
 
 
-def start_table(spark, cfg, spec: GoldTable, suites: dict):
-    """Start one gold table's query (each batch records its own accounting row)."""
-    silver_path = cfg.table_path("silver", cfg.silver_table)
-    wm = cfg.gold.watermark
-    metrics = [F.count(F.lit(1)).alias("rows_in")]
-    if wm is not None:   # without a watermark nothing is late (progress_counts reads 0)
-        metrics.append(F.count(F.when(T.late(wm.seconds), 1)).alias("late"))
-    silver = (spark.readStream.format("delta")
-              .option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger).load(silver_path)
-              .observe(INPUT_METRICS, *metrics))
-    events = T.on_time(silver, wm)
-    suite = suites.get(f"gold.{spec.table}")
-    books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(spec.query), progress_counts)
-    batch = GoldBatch(spark, cfg, spec, QualityGate(suite) if suite else None, books)
-    return (spec.build(events, cfg).writeStream.queryName(spec.query)
+def start_query(spark, cfg, specs, suites: dict):
+    """Start the gold query over `specs` (each batch records its own accounting row)."""
+    query = query_name(cfg, specs)
+    gates = {spec.table: QualityGate(suites[f"gold.{spec.table}"]) for spec in specs
+             if f"gold.{spec.table}" in suites}
+    books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
+    batch = GoldBatch(spark, cfg, specs, gates, books, query)
+    return (gold_stream(spark, cfg, specs).writeStream.queryName(query)
             .outputMode("update")
             .foreachBatch(batch)
-            .option("checkpointLocation", cfg.checkpoint(spec.query))
+            .option("checkpointLocation", cfg.checkpoint(query))
             .trigger(**trigger(cfg, "gold"))
             .start())
 
 
-def start(spark, cfg, only=None, suites=None):
-    """Prepare and start the selected gold queries in this session; returns them."""
-    specs = [spec for spec in for_config(cfg) if not only or spec.key in only]
-    suites = load_suites(cfg.gold.expectations) if suites is None else suites
-    prepare_gold(spark, cfg, specs)
-    return [start_table(spark, cfg, spec, suites) for spec in specs]
-
-
-def layer(cfg, only=None) -> Layer:
-    """The profile's gold tables (or the `only` subset, by key), one flow each."""
-    suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
+def select(cfg, only=None) -> list[GoldTable]:
     tables = for_config(cfg)
     unknown = set(only or ()) - {t.key for t in tables}
     if unknown:
         raise ConfigError(f"--only: unknown {sorted(unknown)} for profile {cfg.profile.name} "
                           f"(known: {', '.join(t.key for t in tables)})")
-    chosen = [t for t in tables if not only or t.key in only]
+    return [t for t in tables if not only or t.key in only]
+
+
+def start(spark, cfg, only=None, suites=None):
+    """Prepare and start the gold query for the selected tables in this session; returns it in
+    a list (the shape every layer's start has)."""
+    specs = select(cfg, only)
+    suites = load_suites(cfg.gold.expectations) if suites is None else suites
+    prepare_gold(spark, cfg, specs)
+    return [start_query(spark, cfg, specs, suites)]
+
+
+def layer(cfg, only=None) -> Layer:
+    """The profile's gold tables (or the `only` subset, by key), written by one flow."""
+    suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
+    chosen = select(cfg, only)
     silver_path = cfg.table_path("silver", cfg.silver_table)
 
     def preflight(selected):
         if "silver" not in selected and not is_delta_table(silver_path):
             raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
 
-    def flow(spec):
-        return Flow(spec.query, "gold", lambda spark: start_table(spark, cfg, spec, suites))
-
-    return Layer("gold", "silver", tuple(flow(spec) for spec in chosen), preflight=preflight,
+    flow = Flow(query_name(cfg, chosen), "gold", lambda spark: start_query(spark, cfg, chosen, suites))
+    return Layer("gold", "silver", (flow,), preflight=preflight,
                  prepare=lambda spark: prepare_gold(spark, cfg, chosen),
                  validate=lambda: load_suites(cfg.gold.expectations),
                  describe=f"silver.{cfg.silver_table} -> {', '.join(f'gold.{t.table}' for t in chosen)}")

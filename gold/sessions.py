@@ -166,6 +166,10 @@ def make_session_updater(spec: SessionSpec):
     return update
 
 
+def session_columns(spec: SessionSpec) -> set[str]:
+    return {spec.key, "event_time", "event_ms", *spec.sums, *spec.latest}
+
+
 def session_inputs(events: DataFrame, spec: SessionSpec, *extra: str) -> DataFrame:
     # event_time stays in the input: the event-time timeout needs the watermarked column.
     return events.select(spec.key, "event_time", F.unix_millis("event_time").alias("event_ms"),
@@ -173,11 +177,14 @@ def session_inputs(events: DataFrame, spec: SessionSpec, *extra: str) -> DataFra
                          *spec.latest, *extra)
 
 
-def sessionize(events: DataFrame, spec: SessionSpec) -> DataFrame:
-    """Streaming (or batch) sessions: one row per session touched, status open/closed/merged."""
+def sessionize(events: DataFrame, spec: SessionSpec, *carried: str) -> DataFrame:
+    """Streaming (or batch) sessions: one row per session touched, status open/closed/merged.
+    `carried`: columns handed to the state function unused, so that the plan below it reads
+    the same columns as another branch over the same events (Spark then shuffles them once)."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    return session_inputs(events, spec).groupBy(spec.key).applyInPandasWithState(
+    inputs = session_inputs(events, spec, *[c for c in carried if c not in session_columns(spec)])
+    return inputs.groupBy(spec.key).applyInPandasWithState(
         make_session_updater(spec), spec.output_schema(events.schema), STATE_SCHEMA, "update",
         GroupStateTimeout.EventTimeTimeout)
 

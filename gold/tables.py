@@ -3,12 +3,14 @@ events. The profile declares them (aggregations: group columns, window, slide, m
 sessions: key and gap); this module turns each declaration into a builder.
 
 Shared by the streaming job and by the audit, which rebuilds every table version in batch
-with these same builders."""
+with these same builders. One streaming query writes every table of a selection (`query_name`):
+it reads silver once per micro-batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from common.config import ConfigError
 from common.profile import Aggregation, Profile, Sessions
 from gold import sessions as S
 from gold import transform as T
@@ -23,10 +25,12 @@ class GoldTable:
     windowed: bool = True
     sessions: Sessions | None = None   # the profile's sessions declaration (gap: duration or $config.key)
     publish: tuple | None = None   # (key columns, value column) for gold.stats_to_kafka
+    measures: tuple = ()           # windowed: the profile's (name, aggregate expression) pairs
 
-    @property
-    def query(self) -> str:
-        return f"gold_{self.table}"
+    def combine(self, part, current):
+        """Windowed: a micro-batch's part of each window it touched (`build` over the batch's
+        events), folded into the table's current rows: those windows' values after the batch."""
+        return T.combine(part, current, self.keys, self.measures)
 
     def session_spec(self, cfg) -> S.SessionSpec:
         return _session_spec(self.sessions, cfg)
@@ -43,17 +47,24 @@ def _session_spec(sessions: Sessions, cfg) -> S.SessionSpec:
     return S.SessionSpec.of(sessions, cfg.duration(sessions.gap).seconds)
 
 
-def _aggregation(agg: Aggregation) -> GoldTable:
+def _aggregation(agg: Aggregation, profile: Profile) -> GoldTable:
+    for name, expression in agg.measures:
+        try:
+            T.combinable(name, expression)
+        except ValueError as e:
+            raise ConfigError(f"{profile.file}: aggregations.{agg.key}: {e}") from None
+
     def build(events, cfg):
         return T.windowed_aggregate(events, agg.group, cfg.duration(agg.window).spark(),
                                     cfg.duration(agg.slide).spark() if agg.slide else None,
                                     agg.measures)
     publish = (agg.publish_key, agg.publish_value) if agg.publish_value else None
-    return GoldTable(agg.key, agg.table, ("window_start", *agg.group), build, publish=publish)
+    return GoldTable(agg.key, agg.table, ("window_start", *agg.group), build, publish=publish,
+                     measures=tuple(agg.measures))
 
 
 def gold_tables(profile: Profile) -> tuple[GoldTable, ...]:
-    tables = [_aggregation(a) for a in profile.aggregations]
+    tables = [_aggregation(a, profile) for a in profile.aggregations]
     if profile.sessions:
         s = profile.sessions
         tables.append(GoldTable("sessions", s.table, (s.key, "session_id"),
@@ -68,3 +79,11 @@ def for_config(cfg) -> tuple[GoldTable, ...]:
 
 def by_table(cfg) -> dict[str, GoldTable]:
     return {t.table: t for t in for_config(cfg)}
+
+
+def query_name(cfg, tables) -> str:
+    """The one streaming query that writes `tables`: `gold` for every table of the profile,
+    `gold_<key>_<key>...` for a subset (`--only`), each with a checkpoint of its own."""
+    everything = [t.key for t in for_config(cfg)]
+    chosen = [t.key for t in tables]
+    return "gold" if sorted(chosen) == sorted(everything) else "_".join(["gold", *[k for k in everything if k in chosen]])

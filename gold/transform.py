@@ -31,13 +31,114 @@ def on_time(events: DataFrame, watermark) -> DataFrame:
 
 def windowed_aggregate(events: DataFrame, group, window: str, slide: str | None, measures) -> DataFrame:
     """Measures (Spark SQL aggregate expressions) per group per window: tumbling, or sliding by
-    `slide`. Columns: window_start, window_end, the group columns, the measures in order.
-    Nest's hourly sightings per zip code (Databricks' nest-camera-stats) is one of these."""
+    `slide`. Columns: window_start, window_end, the group columns, the measures in order, then
+    the `_as_of` column of each max_by/min_by measure (see `combinable`).
+    Nest's hourly sightings per zip code (Databricks' nest-camera-stats) is one of these.
+
+    Over a micro-batch's events this is the batch's part of each window it touched, which
+    `combine` folds into the table's row; over all events, the table itself."""
     w = F.window("event_time", window, slide) if slide else F.window("event_time", window)
+    parts = [(name, expression) for m in measures for name, expression in combinable(*m).parts]
     return (events.groupBy(w.alias("w"), *group)
-            .agg(*[F.expr(expression).alias(name) for name, expression in measures])
+            .agg(*[F.expr(expression).alias(name) for name, expression in parts])
             .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
-                    *group, *[name for name, _ in measures]))
+                    *group, *[name for name, _ in parts]))
+
+
+class Measure:
+    """One measure of a windowed table and how two partial values of it combine: the table's
+    row and a micro-batch's part of the same window. count and sum add, min and max keep the
+    least and greatest, max_by and min_by keep the value whose ordering is greatest or least,
+    which needs the ordering's own max or min beside it (the `<name>_as_of` column)."""
+
+    KINDS = ("count", "sum", "min", "max", "max_by", "min_by")
+
+    def __init__(self, name: str, expression: str, kind: str, args: list[str]):
+        self.name, self.expression, self.kind, self.args = name, expression, kind, args
+
+    @property
+    def as_of(self) -> str:
+        return f"{self.name}_as_of"
+
+    @property
+    def parts(self) -> list[tuple[str, str]]:
+        """(column, aggregate expression) this measure stores."""
+        if self.kind in ("max_by", "min_by"):
+            return [(self.name, self.expression), (self.as_of, f"{self.kind[:3]}({self.args[1]})")]
+        return [(self.name, self.expression)]
+
+    def combined(self, t: str, s: str) -> list[Column]:
+        """The measure's columns after folding batch part `s` into table row `t` (aliases of the
+        two sides; the table side is NULL for a window the table does not hold yet)."""
+        old, new = F.col(f"{t}.`{self.name}`"), F.col(f"{s}.`{self.name}`")
+        if self.kind in ("count", "sum"):
+            # NULL + x is NULL: a sum over no non-NULL value is NULL, and stays so until one comes.
+            return [F.coalesce(old + new, old, new).alias(self.name)]
+        if self.kind in ("min", "max"):
+            pick = F.least if self.kind == "min" else F.greatest     # both skip NULLs
+            return [pick(old, new).alias(self.name)]
+        old_at, new_at = F.col(f"{t}.`{self.as_of}`"), F.col(f"{s}.`{self.as_of}`")
+        newer = new_at > old_at if self.kind == "max_by" else new_at < old_at
+        take_new = old_at.isNull() | (new_at.isNotNull() & newer)
+        return [F.when(take_new, new).otherwise(old).alias(self.name),
+                F.when(take_new, new_at).otherwise(old_at).alias(self.as_of)]
+
+
+def _call(expression: str) -> tuple[str, list[str]] | None:
+    """`name(arg, ...)` spanning the whole expression -> (lower-case name, top-level args)."""
+    text = expression.strip()
+    head = text.split("(", 1)[0].strip()
+    if not head.replace("_", "").isalnum() or not text.endswith(")"):
+        return None
+    args, depth, quote, current = [], 0, None, []
+    for ch in text[len(head):].strip()[1:-1]:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:          # "f(a) + g(b)": the first call closes before the end
+                return None
+        elif ch == "," and depth == 0:
+            args.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    args.append("".join(current).strip())
+    return head.lower(), args
+
+
+def combinable(name: str, expression: str) -> Measure:
+    """The measure, if a micro-batch's part of it can be folded into the table's value; else
+    ValueError saying why. Gold keeps no per-window state of its own: the table is the state."""
+    call = _call(expression)
+    if call is None or call[0] not in Measure.KINDS:
+        raise ValueError(f"measure '{name}: {expression}': gold folds each micro-batch into the "
+                         f"table's row, so a measure must be one call of {', '.join(Measure.KINDS)} "
+                         "(an average: a sum and a count measure)")
+    kind, args = call
+    if args and args[0].lower().startswith("distinct "):
+        raise ValueError(f"measure '{name}: {expression}': a distinct count cannot be folded "
+                         "batch by batch without keeping every value")
+    if kind in ("max_by", "min_by") and len(args) != 2:
+        raise ValueError(f"measure '{name}: {expression}': {kind} takes a value and an ordering")
+    return Measure(name, expression, kind, args)
+
+
+def combine(part: DataFrame, current: DataFrame, keys, measures) -> DataFrame:
+    """Each window `part` touched, with its value after the batch: `part` (a micro-batch's
+    windowed_aggregate) folded into the table's row for the same key (`current`, the table)."""
+    cond = [F.col(f"t.`{k}`").eqNullSafe(F.col(f"s.`{k}`")) for k in keys]
+    joined = part.alias("s").join(current.alias("t"), cond, "left")
+    rest = [c for c in part.columns if c not in keys and c not in
+            {col for m in measures for col, _ in combinable(*m).parts}]
+    return joined.select(*[F.col(f"s.`{c}`").alias(c) for c in keys],
+                         *[F.col(f"s.`{c}`").alias(c) for c in rest],
+                         *[c for m in measures for c in combinable(*m).combined("t", "s")]
+                         ).select(*part.columns)
 
 
 def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:

@@ -156,7 +156,7 @@ def test_lineage_is_plain_delta_user_metadata(spark, lake):
     """Any Delta reader sees it: DESCRIBE HISTORY's userMetadata column holds the JSON."""
     path = lake.cfg.table_path("gold", "device_sessions")
     rows = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("operation = 'MERGE'").collect()
-    assert rows and all(parse(r.userMetadata)["query"] == "gold_device_sessions" for r in rows)
+    assert rows and all(parse(r.userMetadata)["query"] == "gold" for r in rows)
 
 
 # --- a clean run -----------------------------------------------------------------------------

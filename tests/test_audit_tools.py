@@ -144,27 +144,26 @@ def test_cli_rejects_bad_input_before_starting_spark(env):
 # --- restore ------------------------------------------------------------------------------------
 
 def test_stream_warnings_follow_readers_writers_and_checkpoints(cfg):
-    Path(cfg.checkpoint("gold_zip_hourly_sightings")).mkdir(parents=True)
     reader = R.stream_warnings(cfg, "silver.camera_events", files_removed=2, files_readded=0)
-    text = "\n".join(reader)
-    # Every reader is named; only the checkpoint on disk is offered for deletion.
-    for q in ("gold_zip_hourly_sightings", "gold_device_activity", "gold_device_sessions"):
-        assert q in text
-    assert cfg.checkpoint("gold_zip_hourly_sightings") in text
-    assert cfg.checkpoint("gold_device_sessions") not in text
+    # gold reads silver but has not run yet: nothing to delete.
+    assert reader == ["gold reads silver.camera_events as a stream (and writes gold.zip_hourly_sightings, "
+                      "gold.device_activity, gold.device_sessions). It has not run yet, so its first run "
+                      "reads the restored table.",
+                      "silver writes silver.camera_events as a stream (`make run-silver`)."]
+    Path(cfg.checkpoint("gold")).mkdir(parents=True)
+    text = "\n".join(R.stream_warnings(cfg, "silver.camera_events", files_removed=2, files_readded=0))
+    # Its checkpoint on disk is offered for deletion, with every table it writes.
+    assert cfg.checkpoint("gold") in text
     assert "will stop on its next run" in text and "skipChangeCommits" in text
-    assert cfg.table_path("gold", "zip_hourly_sightings") in text
-    assert "silver writes silver.camera_events as a stream (`make run-silver`)." in reader
-    assert "gold_device_sessions reads silver.camera_events as a stream" in text
+    for t in ("zip_hourly_sightings", "device_activity", "device_sessions"):
+        assert cfg.table_path("gold", t) in text
 
     only_adds = "\n".join(R.stream_warnings(cfg, "silver.camera_events", 0, 1))
     assert "read their rows again" in only_adds
 
     writer = R.stream_warnings(cfg, TABLE, 1, 0)
-    assert len(writer) == 1 and cfg.checkpoint("gold_zip_hourly_sightings") in writer[0]
-    assert "will not rewrite" in writer[0] and "make run-gold" in writer[0]
-    assert R.stream_warnings(cfg, "gold.device_activity", 1, 0) == [
-        "gold_device_activity writes gold.device_activity as a stream (`make run-gold`)."]
+    assert len(writer) == 1 and cfg.checkpoint("gold") in writer[0]
+    assert "refuse to start on a restored table" in writer[0] and "make reset-gold" in writer[0]
 
 
 def test_restore_asks_and_brings_back_the_old_content(spark, cfg, table, capsys):
@@ -195,7 +194,7 @@ def test_restore_asks_and_brings_back_the_old_content(spark, cfg, table, capsys)
 def test_both_clis_end_to_end(spark, cfg, table, env):
     """One subprocess per CLI, run side by side to halve the Spark start-up wait. They share the
     table safely: the diff reads versions 0 and 3 explicitly, the restore only adds version 4."""
-    Path(cfg.checkpoint("gold_zip_hourly_sightings")).mkdir(parents=True)
+    Path(cfg.checkpoint("gold")).mkdir(parents=True)
     cmd = lambda module, *args: subprocess.Popen(     # (env: C1 JIT, spark.jit=c1)
         [sys.executable, "-m", module, *args], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -213,6 +212,6 @@ def test_both_clis_end_to_end(spark, cfg, table, env):
 
     assert restore_p.returncode == 0, restore_err
     assert "removes 2 data file(s) and adds back 1" in restore_out
-    assert cfg.checkpoint("gold_zip_hourly_sightings") in restore_out
+    assert cfg.checkpoint("gold") in restore_out
     assert "new version 4 (RESTORE), 3 rows" in restore_out
     assert rows_at(spark, table) == Counter(V0)

@@ -94,6 +94,18 @@ def test_the_jit_follows_how_long_the_run_lasts(env):
     assert all(o.startswith("-Duser.timezone=UTC") for o in (options(), options(LAKEHOUSE__SPARK__JIT="c1")))
 
 
+def test_state_stores_snapshot_every_commit_only_in_available_now_runs(env):
+    from common.spark import spark_conf
+
+    def conf(trigger):
+        c = spark_conf(load_config(env={**env, "TRIGGER": trigger}))
+        return (c["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"],
+                c["spark.sql.streaming.stateStore.rocksdb.compactOnCommit"])
+
+    assert conf("available-now") == ("false", "false")
+    assert conf("processing-time") == ("true", "true")
+
+
 @pytest.mark.parametrize("kills", [4, 5, 10])
 def test_mixed_chaos_kills_the_pipeline_process_first_then_every_layer(kills):
     from chaos.run import Settings, schedule

@@ -38,21 +38,19 @@ class FakeSession:
         if "batch_accounting" in query:          # (f): 2.2 s of gate in 20 s of silver batches: 11%
             return [{"layer": "silver", "batches": 4, "batch_ms": 20_000, "quality_ms": 2_200},
                     {"layer": "gold", "batches": 6, "batch_ms": 30_000, "quality_ms": 1_500}]
-        if "LIKE 'gold_%'" in query:              # (e): state rows of the three gold queries
+        if "LIKE 'gold%'" in query:               # (e): state rows of the gold query
             rows, wm = [], T0
             for i, total in enumerate([30, 60, 90, 100, 95, 100, 98, 102]):
                 wm += 3_600_000                    # the watermark moves 1 h a batch: 8 h in all
-                for q in ("gold_zip_hourly_sightings", "gold_device_activity", "gold_device_sessions"):
-                    rows.append({"query_name": q, "t": T0 + i * 10_000, "state_rows": total, "wm": wm})
+                rows.append({"query_name": "gold", "t": T0 + i * 10_000, "state_rows": total, "wm": wm})
             return rows
         if "input_rows = 0" in query:             # (h): batches that read no row, per query
-            return [{"query_name": "gold_device_sessions", "n": 2, "p50": 1_500},
+            return [{"query_name": "gold", "n": 2, "p50": 1_500},
                     {"query_name": "silver", "n": 1, "p50": 400}]
         if "query_progress" in query:             # (b), (c): processing spans per layer
             return [{"query_name": "bronze_files", "t0": T0, "t1": T0 + 8_000},
                     {"query_name": "silver", "t0": T0 + 10_000, "t1": T0 + 33_000},
-                    {"query_name": "gold_zip_hourly_sightings", "t0": T0 + 40_000, "t1": T0 + 60_000},
-                    {"query_name": "gold_device_sessions", "t0": T0 + 41_000, "t1": T0 + 64_000}]
+                    {"query_name": "gold", "t0": T0 + 40_000, "t1": T0 + 64_000}]
         raise AssertionError(f"unexpected bench query: {query}")
 
     def stop(self):
@@ -128,7 +126,7 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert "40.0 s vs 80.0 s = 0.5x" in page
     assert "run-all 100.0 s / baseline 50.0 s = 2.0x" in page
     assert f"p95 {record['latency']['zip_hourly_sightings']['p95_s']} s" in page
-    # Each layer's processing span: the three gold queries side by side count once.
+    # Each layer's processing span: first trigger to last batch end.
     assert "2,500 events/s processing (8.0 s)" in page           # bronze
     assert "870 events/s processing (23.0 s)" in page            # silver
     assert "833 events/s processing (24.0 s)" in page            # gold
@@ -136,7 +134,7 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     # Every row of the bench's own table, with its mark, is in the page's table.
     rows = summary.rows(record)
     assert {r[0][:3] for r in rows} == {f"({x})" for x in "abcdefgh"}
-    assert "gold_device_sessions 1.5 s (2), silver 0.4 s (1)" in page
+    assert "gold 1.5 s (2), silver 0.4 s (1)" in page
     for figure, value, target in rows:
         assert f"| {figure} | {value} | {target} |" in page
     # Each target's verdict: these numbers meet some and miss others.

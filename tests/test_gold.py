@@ -1,11 +1,11 @@
 """Gold: silver.camera_events -> hourly sightings, sliding device activity, device sessions.
 
 Silver is written directly as a Delta table (the silver job is not run); gold runs as the real
-streaming queries of gold.job with their checkpoints, available-now, once per append. Each
-append therefore becomes one micro-batch (plus the no-data batch Spark runs when the watermark
-moves), and appending events older than earlier batches' maximum, but within the one-hour
-watermark, feeds gold out of order. Every result is checked against a plain batch computation
-over the silver table.
+streaming query of gold.job with its checkpoint, available-now, once per append. Each append
+therefore becomes one micro-batch (plus the no-data batch Spark runs when the watermark moves),
+and appending events older than earlier batches' maximum, but within the one-hour watermark,
+feeds gold out of order. Every result is checked against a
+plain batch computation over the silver table.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from common.quality import load_suites
 from common.lineage import batch_watermark_ms, parse, read_nothing
 from common.errors import JobError
 from gold import sessions as S
-from gold.job import GoldBatch, start
+from gold.job import EVENT, GoldBatch, start
 from gold.tables import gold_tables
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -41,7 +41,8 @@ WATERMARK_MS = HOUR                # conf: gold.watermark
 NEST = load_config(env={}).profile   # these tests are about the default (nest) feed
 TABLES = gold_tables(NEST)
 SPEC = {t.key: t for t in TABLES}
-QUERY = {t.key: t.query for t in TABLES}
+GOLD = "gold"                      # the one query that writes every gold table
+ONLY = {"sessions": "gold_sessions", "sightings": "gold_sightings"}   # --only selections' queries
 SESSION_COLS = ["device_id", "session_start", "session_end", "events", "person_events", "motion_events"]
 
 
@@ -314,18 +315,23 @@ def windowed(spark, tmp_path_factory):
     drop_names(spark)
 
 
-def test_gold_state_holds_windows_and_sessions_not_events(spark, windowed):
-    """Late events are counted from silver's frontier, not by a per-event dedup state: after
-    every batch each query's state is its open windows or sessions, no more rows than its table."""
+def test_gold_state_holds_open_sessions_not_events_nor_windows(spark, windowed):
+    """One query writes every table; its only state is the sessions' (late events are counted
+    from silver's frontier, not by a per-event dedup state, and a window's state is its row in
+    the table): after every batch, at most one state row per device with an open session."""
     cfg, batches, runs = windowed
-    tables = {"sightings": "zip_hourly_sightings", "activity": "device_activity", "sessions": "device_sessions"}
-    for key, table in tables.items():
-        ops = [op for run in runs for p in run[QUERY[key]] for op in p.get("stateOperators") or []]
-        assert ops, key
-        assert not [op for op in ops if "dedupe" in op["operatorName"].lower()], (key, ops)
-        rows = read(spark, cfg, "gold", table).count()
-        peak = max(int(op["numRowsTotal"]) for op in ops)
-        assert 0 < peak <= rows, (key, peak, rows)
+    assert [set(run) for run in runs] == [{GOLD}, {GOLD}]
+    ops = [op for run in runs for p in run[GOLD] for op in p.get("stateOperators") or []]
+    assert ops and {op["operatorName"] for op in ops} == {"applyInPandasWithState"}, ops
+    devices = len({e["device_id"] for b in batches for e in b})
+    peak = max(int(op["numRowsTotal"]) for op in ops)
+    assert 0 < peak <= devices, (peak, devices)
+    # One read of silver per batch: its input rows are the batch's silver rows, counted once.
+    assert [p["numInputRows"] for run in runs for p in run[GOLD] if p["numInputRows"]] == [len(b) for b in batches]
+    # An available-now run leaves a snapshot of its state (no changelogs to replay at the next
+    # start): one per partition for every committed batch.
+    snapshots = sorted(p.name for p in (Path(cfg.checkpoint(GOLD)) / "state").rglob("*.zip"))
+    assert snapshots and not list((Path(cfg.checkpoint(GOLD)) / "state").rglob("*.changelog")), snapshots
 
 
 def test_windowed_aggregates_equal_batch_computation(spark, windowed):
@@ -379,20 +385,19 @@ def test_late_events_are_dropped_and_accounted(spark, windowed):
     assert all(T_MAX1 - e["t"] >= 3 * HOUR - 5 * MIN for e in LATE)
     assert max(e["t"] for e in batches[0]) == T_MAX1
     acc = read(spark, cfg, "ops", "batch_accounting").where("layer = 'gold'")
-    for key in ("sightings", "activity", "sessions"):
-        query = QUERY[key]
-        batch_id = data_batch(runs[1][query])
-        row = acc.where(f"query = '{query}' AND batch_id = {batch_id}").collect()
-        assert len(row) == 1, f"{query} batch {batch_id}: accounting rows {row}"
-        assert row[0].late_dropped == len(LATE), row[0]
-        assert row[0].rows_in == len(batches[1]), row[0]
-        # The first batch dropped nothing.
-        first = acc.where(f"query = '{query}' AND batch_id = {data_batch(runs[0][query])}").collect()
-        assert len(first) == 1 and first[0].late_dropped == 0 and first[0].rows_in == len(batches[0])
-        # Every batch that read rows has exactly one accounting row.
-        mine = acc.where(f"query = '{query}'").collect()
-        assert len(mine) == len({r.batch_id for r in mine}), (query, mine)
-        assert_booked({r.batch_id: r.rows_written for r in mine}, cfg, query)
+    assert {r.query for r in acc.collect()} == {GOLD}
+    batch_id = data_batch(runs[1][GOLD])
+    row = acc.where(f"batch_id = {batch_id}").collect()
+    assert len(row) == 1, f"batch {batch_id}: accounting rows {row}"
+    assert row[0].late_dropped == len(LATE), row[0]
+    assert row[0].rows_in == len(batches[1]), row[0]
+    # The first batch dropped nothing.
+    first = acc.where(f"batch_id = {data_batch(runs[0][GOLD])}").collect()
+    assert len(first) == 1 and first[0].late_dropped == 0 and first[0].rows_in == len(batches[0])
+    # Every batch that read rows has exactly one accounting row.
+    mine = acc.collect()
+    assert len(mine) == len({r.batch_id for r in mine}), mine
+    assert_booked({r.batch_id: r.rows_written for r in mine}, cfg, GOLD)
 
     on_time = silver_events(spark, cfg, exclude=late_ids)
     assert len(on_time) == silver(spark, cfg).count() - len(LATE)
@@ -415,41 +420,42 @@ def test_windows_behind_the_watermark_are_finalized(spark, windowed):
     """`finalized` follows the watermark of the last batch that brought rows: the run's closing
     no-data batch moved the watermark further but wrote nothing (no MERGE for a flag)."""
     cfg, batches, _ = windowed
+    marks = watermarks(cfg, GOLD)
+    # The run's last batch moved the watermark to all data seen: max event time - 1 hour.
+    assert marks[max(marks)] == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
+    data = committed_batches(cfg, GOLD, data_only=True)
+    assert len(data) == 2 and max(marks) not in data
+    wm = marks[data[-1]]
+    assert wm == max(e["t"] for e in batches[0]) + T0_MS - WATERMARK_MS < marks[max(marks)]
     for key in ("sightings", "activity"):
-        query = QUERY[key]
-        marks = watermarks(cfg, query)
-        # The run's last batch moved the watermark to all data seen: max event time - 1 hour.
-        assert marks[max(marks)] == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
-        wm = marks[max(committed_batches(cfg, query, data_only=True))]
-        assert wm == max(e["t"] for e in batches[0]) + T0_MS - WATERMARK_MS < marks[max(marks)]
         rows = bag(read(spark, cfg, "gold", SPEC[key].table), ["window_end", "finalized"])
         wrong = [(end, fin) for (end, fin) in rows if fin != (end <= wm)]
         assert not wrong, f"{key}: finalized flag wrong for (window_end, finalized) {wrong[:5]} (wm {wm})"
         assert {fin for _, fin in rows} == {True, False}, f"{key}: want both final and open windows"
         # The no-data batch made no gold commit: the table's last version is the data batch's.
         last = DeltaTable.forPath(spark, cfg.table_path("gold", SPEC[key].table)).history(1).first()
-        assert parse(last["userMetadata"])["batch_id"] == max(committed_batches(cfg, query, data_only=True))
+        assert parse(last["userMetadata"])["batch_id"] == data[-1]
 
 
 def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
+    """Every table of every batch is gated, and one append per batch records them all."""
     cfg, _, _ = windowed
     suites = load_suites(cfg.gold.expectations)
     dq = read(spark, cfg, "ops", "dq_results").collect()
+    books = {r.batch_id: r.rows_written for r in read(spark, cfg, "ops", "batch_accounting")
+             .where(F.col("query") == GOLD).collect()}
+    assert_booked(books, cfg, GOLD)
+    assert sorted(books) == committed_batches(cfg, GOLD, data_only=True) and all(books.values())
+    assert {r.query for r in dq} == {GOLD}
     for spec in TABLES:
         rules = {r.name for r in suites[f"gold.{spec.table}"].rules}
-        books = {r.batch_id: r.rows_written for r in read(spark, cfg, "ops", "batch_accounting")
-                 .where(F.col("query") == spec.query).collect()}
-        assert_booked(books, cfg, spec.query)
-        with_rows = [b for b, n in books.items() if n]
-        # Batches that emitted no row (a window table's watermark moves) were not gated and
-        # recorded nothing; sessions emit the sessions the watermark closes.
-        assert with_rows and (len(with_rows) < len(committed_batches(cfg, spec.query))
-                              or not spec.windowed), spec.query
-        got = Counter((r.batch_id, r.expectation) for r in dq if r.query == spec.query)
-        assert got == Counter((b, name) for b in with_rows for name in rules), spec.query
-        mine = [r for r in dq if r.query == spec.query]
-        assert all(r.success and r.table_name == f"gold.{spec.table}" and r.element_count > 0
-                   for r in mine)
+        mine = [r for r in dq if r.table_name == f"gold.{spec.table}"]
+        assert Counter((r.batch_id, r.expectation) for r in mine) == Counter(
+            (b, name) for b in books for name in rules), spec.table
+        assert all(r.success and r.element_count > 0 for r in mine)
+    commits = [v for v in DeltaTable.forPath(spark, cfg.table_path("ops", "dq_results")).history().collect()
+               if v.operation == "WRITE"]
+    assert len(commits) == len(books), "one ops.dq_results commit per gold batch"
 
 
 class _Books:
@@ -467,67 +473,165 @@ def _snapshot(spark, cfg, spec):
     return bag(df, df.columns)
 
 
-def test_the_first_batch_into_an_empty_table_is_an_idempotent_append(spark, windowed, tmp_path):
-    """A fresh table's first batch inserts every row: an append keyed by the batch, not a MERGE.
-    Its replay MERGEs the same values over them, or, on a table still empty, is skipped."""
+def gold_input(spark, cfg, events):
+    """What the gold query hands its foreachBatch for these silver rows: one `event` row each
+    (the windowed tables' input; no session rows)."""
+    from gold.job import event_columns
+
+    return events.select(F.struct(*event_columns(cfg, TABLES, events.columns)).alias(EVENT))
+
+
+def batch_events(spark, cfg, append: int):
+    """The on-time silver rows of the fixture's append `append`: what gold's data batch of
+    that run read."""
+    late_ids = [e["event_id"] for e in LATE]
+    return silver(spark, cfg).where((F.col("silver_batch_id") == append) & ~F.col("event_id").isin(late_ids))
+
+
+def copy_lakehouse(cfg, tmp_path):
     import shutil
 
+    shutil.copytree(cfg.root, tmp_path / "lakehouse")
+    return lakehouse_cfg(tmp_path, LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP="20 minutes")
+
+
+def test_the_first_batch_into_an_empty_table_is_an_idempotent_append(spark, windowed, tmp_path):
+    """A fresh table's first batch inserts every row: an append keyed by the batch, not a MERGE.
+    Its replay finds the append in the table's history and folds nothing in again."""
     from audit.history import table_history
 
     cfg, _, _ = windowed
     for spec in SPEC.values():
         commits = [v for v in table_history(spark, cfg.table_path("gold", spec.table)) if v.lineage]
-        assert [v.operation for v in commits] == ["WRITE"] + ["MERGE"] * (len(commits) - 1), spec.table
-        assert commits[0].lineage["query"] == spec.query and commits[0].lineage["batch_id"] == 0
+        assert [v.operation for v in commits] == ["WRITE", "MERGE"], spec.table
+        assert commits[0].lineage["query"] == GOLD and commits[0].lineage["batch_id"] == 0
 
-    # The first batch again, on a copy whose table lost its rows (a crash after the append's
-    # commit, before the query's own): the replay finds the append's key in the history.
-    shutil.copytree(cfg.root, tmp_path / "lakehouse")
-    copy = lakehouse_cfg(tmp_path, LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP="20 minutes")
+    # The first batch again, on a copy whose table lost its rows since (a crash after the
+    # append's commit, before the query's own): the replay finds the append's key.
+    copy = copy_lakehouse(cfg, tmp_path)
     spec = SPEC["sightings"]
     path = copy.table_path("gold", spec.table)
-    batch = spark.createDataFrame(read(spark, copy, "gold", spec.table).drop("finalized").collect(),
-                                  read(spark, copy, "gold", spec.table).drop("finalized").schema)
     spark.sql(f"DELETE FROM delta.`{path}`")
-    GoldBatch(spark, copy, spec, None, _Books())(batch, 0)
+    GoldBatch(spark, copy, [spec], {}, _Books(), GOLD)(gold_input(spark, copy, batch_events(spark, copy, 0)), 0)
     assert read(spark, copy, "gold", spec.table).count() == 0
     assert DeltaTable.forPath(spark, path).history(1).first().operation == "DELETE"
 
 
-def test_gold_batch_is_idempotent(spark, windowed):
-    """A retried micro-batch (same DataFrame, same batch id) leaves one row per key, same values."""
+def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tmp_path):
+    """A window's row is the sum of the batches folded into it, so a replay must find which
+    tables its first attempt reached. Here the last batch is replayed twice: on the lakehouse
+    (every table has it: nothing changes), and on a copy where sightings lost that commit (a
+    kill -9 between two tables' commits): it folds in once there, to the same rows."""
     from common.quality import QualityGate
 
     cfg, _, _ = windowed
     suites = load_suites(cfg.gold.expectations)
-    late_ids = [e["event_id"] for e in LATE]
-    on_time = silver(spark, cfg).where(~F.col("event_id").isin(late_ids))
-    for key in ("sightings", "activity"):
-        spec = SPEC[key]
-        before = _snapshot(spark, cfg, spec)
-        # What the query would hand foreachBatch if it recomputed every window now.
-        batch = spark.createDataFrame(spec.build(on_time, cfg).collect(),
-                                      spec.build(on_time, cfg).schema)
-        last = max(committed_batches(cfg, spec.query, data_only=True))    # the table's last writer
-        gold_batch = GoldBatch(spark, cfg, spec, QualityGate(suites[f"gold.{spec.table}"]), _Books())
-        for _ in range(2):
-            gold_batch(batch, last)
-            assert _snapshot(spark, cfg, spec) == before, f"{spec.table} changed on replay"
-        assert_one_row_per_key(read(spark, cfg, "gold", spec.table), spec.keys)
-        assert gold_batch.books.stashed[last]["rows_written"] == batch.count()
-
-    spec = SPEC["sessions"]
-    before = _snapshot(spark, cfg, spec)
-    current = read(spark, cfg, "gold", spec.table).collect()
-    # Replay every session as emitted, plus a 'merged' notice for a session gold never had.
-    ghost = {**current[0].asDict(), "session_id": "ghost@0", "status": "merged"}
-    batch = spark.createDataFrame([r.asDict() for r in current] + [ghost],
-                                  read(spark, cfg, "gold", spec.table).schema)
-    gold_batch = GoldBatch(spark, cfg, spec, None, _Books())
+    windowed_specs = [SPEC["sightings"], SPEC["activity"]]
+    gates = {s.table: QualityGate(suites[f"gold.{s.table}"]) for s in windowed_specs}
+    last = max(committed_batches(cfg, GOLD, data_only=True))      # the second append's batch
+    assert batch_events(spark, cfg, 1).count() > 0
+    before = {s.table: _snapshot(spark, cfg, s) for s in windowed_specs}
+    replay = GoldBatch(spark, cfg, windowed_specs, gates, _Books(), GOLD)
     for _ in range(2):
-        gold_batch(batch, max(committed_batches(cfg, spec.query)))
-        assert _snapshot(spark, cfg, spec) == before, "device_sessions changed on replay"
-    assert_one_row_per_key(read(spark, cfg, "gold", spec.table), spec.keys)
+        replay(gold_input(spark, cfg, batch_events(spark, cfg, 1)), last)
+        assert {s.table: _snapshot(spark, cfg, s) for s in windowed_specs} == before
+    assert replay.books.stashed[last]["rows_written"] == 0
+
+    copy = copy_lakehouse(cfg, tmp_path)
+    spec = SPEC["sightings"]
+    log = Path(copy.table_path("gold", spec.table)) / "_delta_log"
+    newest = max(int(f.name[:20]) for f in log.glob("*.json"))
+    assert parse(json.loads(next(line for line in (log / f"{newest:020d}.json").read_text().splitlines()
+                                 if "commitInfo" in line))["commitInfo"]["userMetadata"])["batch_id"] == last
+    for f in log.glob(f"*{newest:020d}*"):
+        f.unlink()                      # the batch never committed to this table
+    assert _snapshot(spark, copy, spec) != before[spec.table]
+    replay = GoldBatch(spark, copy, windowed_specs, gates, _Books(), GOLD)
+    for _ in range(2):
+        replay(gold_input(spark, copy, batch_events(spark, copy, 1)), last)
+        assert {s.table: _snapshot(spark, copy, s) for s in windowed_specs} == before
+    assert_one_row_per_key(read(spark, copy, "gold", spec.table), spec.keys)
+
+
+def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_path):
+    """Rows folded batch by batch are only right for the query that folded them: gold refuses
+    another checkpoint and a table restored by hand, naming `make reset-gold`, which drops the
+    gold tables and checkpoints so the next run rebuilds the same rows from silver."""
+    from audit.reset_gold import main as reset_gold
+
+    cfg, _, _ = windowed
+    copy = copy_lakehouse(cfg, tmp_path)
+    try:
+        with pytest.raises(JobError) as other:
+            start(spark, copy, only={"sightings"})
+        assert "written by query gold " in str(other.value) and "make reset-gold" in str(other.value)
+        assert not Path(copy.checkpoint(ONLY["sightings"])).exists()
+        spark.sql(f"RESTORE TABLE delta.`{copy.table_path('gold', 'device_activity')}` TO VERSION AS OF 1")
+        with pytest.raises(JobError) as restored:
+            start(spark, copy)
+        assert "gold.device_activity was changed outside the pipeline (RESTORE at version" in str(restored.value)
+
+        assert reset_gold(["--yes"], cfg=copy) == 0
+        assert not Path(copy.checkpoint(GOLD)).exists()
+        assert not any(Path(copy.table_path("gold", t.table)).exists() for t in TABLES)
+        assert Path(copy.table_path("silver", "camera_events")).exists()
+        run_gold(spark, copy)
+        for spec in TABLES:
+            if spec.windowed:      # sessions' ids follow how batches were cut: one batch now
+                values = lambda c: bag(read(spark, c, "gold", spec.table),   # noqa: E731
+                                       [col for col in read(spark, c, "gold", spec.table).columns
+                                        if col != "finalized"])     # one batch: watermark 0
+                assert values(copy) == values(cfg), spec.table
+    finally:
+        drop_names(spark)
+
+
+def test_combine_folds_a_batch_into_the_table_row_for_every_measure_kind(spark):
+    """count and sum add (a NULL sum stays NULL until a value comes), min and max keep the
+    extreme, max_by and min_by the value at the extreme of their ordering, kept beside it."""
+    from gold import transform as T
+
+    measures = (("n", "count(1)"), ("total", "sum(v)"), ("low", "min(v)"), ("high", "max(v)"),
+                ("last", "max_by(tag, t)"), ("first", "min_by(tag, t)"))
+    cols = ["k", "n", "total", "low", "high", "last", "last_as_of", "first", "first_as_of"]
+    schema = "k STRING, n LONG, total LONG, low LONG, high LONG, last STRING, last_as_of LONG, first STRING, first_as_of LONG"
+    table = spark.createDataFrame([("a", 2, 10, 3, 7, "a-late", 50, "a-early", 5),
+                                   ("b", 1, None, None, None, "b", 9, "b", 9)], schema)
+    part = spark.createDataFrame([("a", 3, 4, 1, 2, "a-later", 60, "a-mid", 20),
+                                  ("b", 2, 6, 6, 6, "b-old", 1, "b-older", 0),
+                                  ("c", 1, None, None, None, "c", 3, "c", 3)], schema)
+    got = {r.k: tuple(r)[1:] for r in T.combine(part, table, ("k",), measures).select(*cols).collect()}
+    assert got == {"a": (5, 14, 1, 7, "a-later", 60, "a-early", 5),
+                   "b": (3, 6, 6, 6, "b", 9, "b-older", 0),
+                   "c": (1, None, None, None, "c", 3, "c", 3)}
+    # Folding batch by batch gives what one aggregation over all the events gives, for the
+    # keys the batch touched (b is not in it: the table's row stays as it is).
+    events = spark.createDataFrame([("a", 1, "x", 1), ("a", 5, "y", 7), ("a", None, "z", 3), ("b", 2, "w", 2)],
+                                   "k STRING, v LONG, tag STRING, t LONG")
+    parts = [c for m in measures for c in T.combinable(*m).parts]
+    agg = lambda df: df.groupBy("k").agg(*[F.expr(e).alias(n) for n, e in parts])  # noqa: E731
+    folded = T.combine(agg(events.where("t > 2")), agg(events.where("t <= 2")), ("k",), measures)
+    assert bag(folded, cols) == bag(agg(events).where("k = 'a'"), cols)
+
+
+def test_measures_that_cannot_be_folded_are_refused(tmp_path):
+    """A profile measure gold cannot fold batch by batch is a configuration error at start."""
+    from common.config import ConfigError
+    from gold import transform as T
+
+    for expression in ("avg(v)", "count(DISTINCT device_id)", "sum(a) / count(1)", "percentile(v, 0.5)"):
+        with pytest.raises(ValueError):
+            T.combinable("m", expression)
+    for expression in ("count(1)", "sum(CAST(has_person AS LONG))", "max_by(zip_code, event_time)", "MIN(x)"):
+        T.combinable("m", expression)
+    profile = tmp_path / "profiles" / "avg.yaml"
+    profile.parent.mkdir()
+    text = (Path(__file__).resolve().parent.parent / "conf" / "profiles" / "nest.yaml").read_text()
+    profile.write_text(text.replace("events: count(1)\n    publish", "events: avg(1)\n    publish"))
+    cfg = load_config(env={"PROFILE": "avg", "PROFILES_DIR": str(profile.parent), "LAKEHOUSE_ROOT": str(tmp_path)})
+    with pytest.raises(ConfigError) as err:
+        gold_tables(cfg.profile)
+    assert "aggregations.sightings" in str(err.value) and "avg(1)" in str(err.value)
 
 
 # --- sessions ----------------------------------------------------------------------------------
@@ -624,7 +728,7 @@ def test_session_batches_are_out_of_order_within_the_watermark(sessionized):
 
 def test_streaming_sessions_equal_batch_sessions(spark, sessionized):
     cfg, batches, _, runs = sessionized
-    assert all(data_batch(r[QUERY["sessions"]]) is not None for r in runs)
+    assert all(data_batch(r[ONLY["sessions"]]) is not None for r in runs)
     gold = read(spark, cfg, "gold", "device_sessions")
     expected = S.batch_sessions(silver(spark, cfg), nest_sessions())
     assert_same_bag(bag(gold, SESSION_COLS), bag(expected, SESSION_COLS), "gold vs batch sessions")
@@ -656,7 +760,7 @@ def test_bridging_event_merges_sessions_and_deletes_the_superseded_row(spark, se
 
 def test_session_status_follows_the_final_watermark(spark, sessionized):
     cfg, _, snapshots, _ = sessionized
-    wm = final_watermark(cfg, QUERY["sessions"])
+    wm = final_watermark(cfg, ONLY["sessions"])
     assert wm == T0_MS + LAST_EVENT - WATERMARK_MS
     rows = bag(read(spark, cfg, "gold", "device_sessions"), ["device_id", "session_end", "status"])
     wrong = [(d, (end - T0_MS) / MIN, status) for (d, end, status) in rows
@@ -668,11 +772,44 @@ def test_session_status_follows_the_final_watermark(spark, sessionized):
     # rows closed it, although it brought no event of that device.
     assert [r.status for r in snapshots[-2] if r.device_id == EDGE] == ["open"]
     assert [r.status for r in snapshots[-1] if r.device_id == EDGE] == ["closed"]
-    no_data = [b for b in committed_batches(cfg, QUERY["sessions"]) if read_nothing(cfg.checkpoint(QUERY["sessions"]), b)]
+    no_data = [b for b in committed_batches(cfg, ONLY["sessions"]) if read_nothing(cfg.checkpoint(ONLY["sessions"]), b)]
     assert no_data, "the fourth run was to end with a no-data batch"
     gold_batches = {parse(v["userMetadata"])["batch_id"] for v in DeltaTable.forPath(
         spark, cfg.table_path("gold", "device_sessions")).history().collect() if v["userMetadata"]}
     assert not gold_batches & set(no_data), "a watermark-only batch made a gold commit"
+
+
+def test_sessions_close_as_the_watermark_moves_within_one_run(spark, tmp_path):
+    """In a run that goes on (processing-time), each batch's watermark reaches the sessions'
+    state function: sessions the watermark passed are closed by the next batch, in the table
+    and in the state. (The first batch of a run alone would not show it: its watermark comes
+    from the checkpoint.)"""
+    cfg = lakehouse_cfg(tmp_path, TRIGGER="processing-time", TRIGGER_INTERVAL="1 second")
+    early = [ev(f"e{i}", d, i * MIN, person=True) for i, d in enumerate(["a1", "a2", "b1"])]
+    late = [ev(f"l{i}", d, 5 * HOUR + i * MIN) for i, d in enumerate(["a1", "b2"])]
+    try:
+        append_silver(spark, cfg, early)
+        (query,) = start(spark, cfg)
+        try:
+            query.processAllAvailable()
+            append_silver(spark, cfg, late, batch_id=1, frontier_ms=max(e["t"] for e in early))
+            query.processAllAvailable()
+            append_silver(spark, cfg, [ev("x", "b2", 5 * HOUR + 10 * MIN)], batch_id=2,
+                          frontier_ms=max(e["t"] for e in late))
+            query.processAllAvailable()
+            progress = [p for p in query.recentProgress if p["numInputRows"]]
+        finally:
+            query.stop()
+        assert len(progress) == 3, [(p["batchId"], p["numInputRows"]) for p in progress]
+        wm = batch_watermark_ms(cfg.checkpoint(GOLD), progress[-1]["batchId"])
+        assert wm == T0_MS + 4 * HOUR + MIN        # the second batch's latest event - 1 hour
+        rows = bag(read(spark, cfg, "gold", "device_sessions"), ["device_id", "session_end", "status"])
+        assert {(d, s) for d, _, s in rows} == {("a1", "closed"), ("a2", "closed"), ("b1", "closed"),
+                                                ("a1", "open"), ("b2", "open")}, rows
+        state = progress[-1]["stateOperators"][0]["numRowsTotal"]
+        assert state == 2, f"state holds the open sessions only (a1 and b2), got {state} rows"
+    finally:
+        drop_names(spark)
 
 
 # --- merge_events and the state function, in plain pandas -----------------------------------
@@ -820,22 +957,22 @@ tables:
     with pytest.raises(StreamingQueryException) as failed:
         run_gold(spark, cfg, only={"sightings"}, suites=load_suites(strict))
     message = str(failed.value)
-    assert "quality gate failed: query 'gold_zip_hourly_sightings', batch 0" in message
+    assert "quality gate failed: query 'gold_sightings', batch 0" in message
     assert "expectation 'sightings_non_negative'" in message
-    dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_zip_hourly_sightings'").collect()
+    dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_sightings'").collect()
     assert {(r.batch_id, r.expectation, r.success, r.policy) for r in dq} == {
         (0, "sightings_non_negative", False, "fail"), (0, "window_is_one_hour", True, "warn")}
     bad = next(r for r in dq if r.expectation == "sightings_non_negative")
     assert bad.unexpected_count == bad.element_count > 0
     assert read(spark, cfg, "gold", "zip_hourly_sightings").count() == 0  # nothing merged
-    assert committed_batches(cfg, QUERY["sightings"]) == []
+    assert committed_batches(cfg, ONLY["sightings"]) == []
 
     # With the rule fixed, the same batch 0 is replayed and goes through.
     runs = run_gold(spark, cfg, only={"sightings"})
-    assert data_batch(runs[QUERY["sightings"]]) == 0
+    assert data_batch(runs[ONLY["sightings"]]) == 0
     assert_dicts_equal(gold_sightings(spark, cfg), expected_sightings(silver_events(spark, cfg)),
                        "sightings after the replay")
-    dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_zip_hourly_sightings' AND batch_id = 0")
+    dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_sightings' AND batch_id = 0")
     assert dq.where("NOT success").count() == 1           # the failed attempt stays, for audit
     assert dq.where("success AND suite = 'gold'").count() == 3
 

@@ -108,7 +108,7 @@ def test_maintenance_beside_a_live_pipeline_fails_no_query_and_the_audit_knows_i
     _generate(env, 600, 4, 3)
     run = Run(env)
     try:
-        run.wait_for(r"^gold_device_sessions\s+batch \d+  [1-9][\d,]* rows", 400)
+        run.wait_for(r"^gold\s+batch \d+  [1-9][\d,]* rows", 400)
         # Another process compacts and vacuums every table while the pipeline writes to them:
         # gold's MERGE and this OPTIMIZE may conflict; gold retries, maintenance skips a busy table.
         # VACUUM lists every file of a table (seconds each on 2 cores): the second round vacuums
@@ -122,7 +122,7 @@ def test_maintenance_beside_a_live_pipeline_fails_no_query_and_the_audit_knows_i
         assert {r.vacuumed for r in results} == {"lite"}
         # ... and the pipeline's own maintenance round, in the application, ran too.
         run.wait_for(r"^maintenance: \d+ tables, compacted \d+ files", 120)
-        run.wait_for(r"^gold_device_sessions\s+batch \d+  [1-9][\d,]* rows", 200)
+        run.wait_for(r"^gold\s+batch \d+  [1-9][\d,]* rows", 200)
         run.stop()
     finally:
         run.kill_if_running()

@@ -103,20 +103,20 @@ def test_a_failed_query_records_its_error_and_status_shows_it(spark, cfg, record
         raise ValueError("disk full on purpose")
 
     with pytest.raises(StreamingQueryException):
-        run_query(spark, cfg, path, "gold_device_sessions", broken)
+        run_query(spark, cfg, path, "gold", broken)
     recorder.close()
 
     capsys.readouterr()     # the batch log lines so far (on stdout once a test configured logging)
     assert status.main([], spark=spark, cfg=cfg) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
-    assert set(rows) == {"silver", "gold_device_sessions"}
+    assert set(rows) == {"silver", "gold"}
     assert re.search(r"silver\s+stopped\s+1\s", rows["silver"])
     assert "1 committed" in rows["silver"]
     # The failed query finished no batch: its state and error come from its termination event,
     # and its checkpoint shows the batch it planned but never committed.
-    failed = rows["gold_device_sessions"]
-    assert re.search(r"gold_device_sessions\s+failed\s", failed)
+    failed = rows["gold"]
+    assert re.search(r"gold\s+failed\s", failed)
     assert "batch 0 planned, None committed" in failed
     assert "disk full on purpose" in failed
 

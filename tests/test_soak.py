@@ -64,6 +64,30 @@ def test_verdicts_judge_only_after_settling_and_chart_the_rest():
     assert rows["live_bytes[bronze.events]"]["verdict"] == "info"
 
 
+def test_batch_times_are_judged_only_while_the_soak_had_the_machine():
+    """A batch that takes twice as long while other processes hold the cores is contention, not
+    a pipeline that degrades: such samples are left out of the batch-time judgement."""
+    ctx = {"warmup_s": 0, "retention_s": 600, "maintenance_interval_s": 120,
+           "min_batches_to_retain": 20, "slowest_interval_s": 30, "run_s": 480}
+
+    def samples(others):
+        return [{"t": t, "others_cpu_share": share, "process": {}, "tables": {}, "checkpoints": {},
+                 "queries": {"silver": {"batch_ms_mean": 20_000 if t <= 240 else 46_000}}}
+                for t, share in zip(range(60, 481, 60), others)]
+
+    def verdict(others):
+        return {r["series"]: r for r in verdicts(samples(others), ctx, 1.0)}["batch_ms_mean[silver]"]
+
+    # The slow second half ran while others took 60% of the machine: not judged.
+    row = verdict([0.05] * 4 + [0.6] * 4)
+    assert row["verdict"] == "contended" and row["contended_samples"] == 4
+    # The same slowdown on a quiet machine is a finding.
+    assert verdict([0.05] * 8)["verdict"] == "GROWS"
+    # Contention in a few samples leaves the rest judged.
+    row = verdict([0.05, 0.6, 0.05, 0.05, 0.05, 0.6, 0.05, 0.05])
+    assert row["verdict"] == "GROWS" and row["contended_samples"] == 2
+
+
 @pytest.mark.slow
 def test_short_soak_end_to_end(tmp_path, env):
     out = tmp_path / "soak"

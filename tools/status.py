@@ -19,7 +19,8 @@ from common.storage import is_delta_table, location
 
 
 def queries(cfg) -> tuple[str, ...]:
-    return ("bronze_files", "bronze_kafka", "silver", *(f"gold_{t}" for t in cfg.tables["gold"]))
+    # gold: the one query that writes every gold table (a `--only` subset runs as gold_<keys>).
+    return ("bronze_files", "bronze_kafka", "silver", "gold")
 
 
 def checkpoint_batches(checkpoint: str) -> tuple[int | None, int | None]:

@@ -49,6 +49,11 @@ KINDS: dict[str, tuple[str, str, float | None]] = {
 # Series bounded by retention can only flatten once a full retention has passed (VACUUM keeps
 # removed files that long; Delta checkpoints keep their tombstones that long).
 RETENTION_BOUND = {"disk_files", "log_read_bytes"}
+# Durations grow when other processes take the cores, not only when the pipeline degrades: they
+# are judged on the samples during which others took at most this share of the machine, and
+# "contended" (charted, not a finding) when too few such samples are left.
+TIMED = {"batch_ms_mean"}
+MAX_OTHERS_SHARE = 0.25
 
 
 def series(samples: list[dict]) -> dict[tuple[str, str], list[tuple[float, float]]]:
@@ -126,6 +131,7 @@ def verdicts(samples: list[dict], ctx: dict, limit: float) -> list[dict]:
         ctx = dict(ctx, checkpoint_settled_s=checkpoint_settled_s(
             samples, ctx["min_batches_to_retain"] + SNAPSHOT_DELTAS, never=run_s + 1))
     win = 300 if run_s >= 20 * 60 else run_s / 4     # first vs last 5 min; a quarter for short runs
+    busy = {s["t"] for s in samples if (s.get("others_cpu_share") or 0) > MAX_OTHERS_SHARE}
     rows = []
     for (kind, subject), points in sorted(series(samples).items()):
         if kind not in KINDS:
@@ -140,7 +146,20 @@ def verdicts(samples: list[dict], ctx: dict, limit: float) -> list[dict]:
             row["verdict"] = "info"
         else:
             start = settle_s(kind, ctx)
-            row.update(judge([v for t, v in points if t >= start], floor, limit), judged_from_s=start, floor=floor)
+            judged = [(t, v) for t, v in points if t >= start]
+            contended = False
+            if kind in TIMED:
+                quiet = [(t, v) for t, v in judged if t not in busy]
+                if len(quiet) < len(judged):
+                    row["contended_samples"] = len(judged) - len(quiet)
+                    # Halves of quiet samples from one end of the run alone would compare
+                    # nothing: each half of the run must keep two.
+                    middle = judged[len(judged) // 2][0] if judged else 0
+                    contended = (sum(t < middle for t, _ in quiet) < 2 or sum(t >= middle for t, _ in quiet) < 2)
+                judged = quiet
+            row.update(judge([v for _, v in judged], floor, limit), judged_from_s=start, floor=floor)
+            if contended:
+                row["verdict"] = "contended"
         if kind == "log_bytes" and len(points) > 1 and points[-1][0] > points[0][0]:
             row["per_hour"] = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]) * 3600
         rows.append(row)

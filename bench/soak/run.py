@@ -223,6 +223,7 @@ class Soak:
         n = int(self.run_s // args.interval.seconds)
         # On a shared machine the figures mean little if others took the cores meanwhile.
         with OtherCpu() as other:
+            busy, at = 0.0, time.time()
             for k in range(1, n + 1):
                 # Sample times are fixed from t0, so a slow sample does not push the rest later.
                 if self.interrupted.wait(max(0.0, t0 + k * args.interval.seconds - time.time())):
@@ -233,6 +234,11 @@ class Soak:
                                          f"see pipeline.log)")
                     break
                 s = sampler.sample(t0)
+                # What others took of the machine since the last sample: a batch time measured
+                # while the suite (or anything) held the cores says nothing about the pipeline.
+                now, seconds = time.time(), other.seconds_so_far()
+                s["others_cpu_share"] = round((seconds - busy) / ((now - at) * (os.cpu_count() or 1)), 3)
+                busy, at = seconds, now
                 self.samples.append(s)
                 self.save()
                 log(progress_line(k, n, s))
