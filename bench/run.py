@@ -136,8 +136,9 @@ def layer_of(query: str) -> str:
 
 
 def processing_spans(session: Session, cfg, since_ms: int = 0) -> dict[str, float]:
-    """Per layer, seconds from its first batch's trigger to its last batch's end (the three
-    gold queries run side by side, so their span is not the sum of their batches)."""
+    """Per layer, seconds from its first batch's trigger to its last batch's end (a layer's
+    queries, e.g. gold `--only` subsets, run side by side: their span is not the sum of their
+    batches)."""
     path = cfg.table_path("ops", "query_progress")
     rows = session.sql(
         f"SELECT query_name, min(unix_millis(timestamp)) AS t0, "

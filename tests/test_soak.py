@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak.judge import KINDS, MB, checkpoint_settled_s, judge, settle_s, verdicts
+from bench.soak.judge import KINDS, MB, TIMED, checkpoint_settled_s, judge, settle_s, verdicts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,7 +111,12 @@ def test_short_soak_end_to_end(tmp_path, env):
     kinds = {r["kind"] for r in doc["verdicts"]}
     assert kinds == set(KINDS), set(KINDS) - kinds
     early = {k for k, (_, _, floor) in KINDS.items() if floor is not None and settle_s(k, doc["judge"]) < 180}
-    assert early <= {r["kind"] for r in doc["verdicts"] if r["verdict"] == "pass"}
+    # Beside the rest of the suite, batch times may have too few quiet samples to be judged
+    # ("contended"): growth is still judged from the other kinds, and a timed kind that grew fails.
+    by_kind = {r["kind"]: r for r in doc["verdicts"]}
+    judged = {k for k in early if by_kind[k]["verdict"] == "pass"
+              or (k in TIMED and by_kind[k]["verdict"] == "contended" and by_kind[k]["contended_samples"] > 0)}
+    assert early <= judged, {k: by_kind[k] for k in early - judged}
     assert doc["audit"]["ok"], doc["audit"]
     assert doc["audit"]["prefix"] and doc["audit"]["accounting"]
     assert doc["end"]["tables"]["bronze.events"]["live_files"] > 0
