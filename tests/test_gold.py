@@ -330,8 +330,9 @@ def test_gold_state_holds_open_sessions_not_events_nor_windows(spark, windowed):
     assert [p["numInputRows"] for run in runs for p in run[GOLD] if p["numInputRows"]] == [len(b) for b in batches]
     # An available-now run leaves a snapshot of its state (no changelogs to replay at the next
     # start): one per partition for every committed batch.
-    snapshots = sorted(p.name for p in (Path(cfg.checkpoint(GOLD)) / "state").rglob("*.zip"))
-    assert snapshots and not list((Path(cfg.checkpoint(GOLD)) / "state").rglob("*.changelog")), snapshots
+    state = Path(cfg.checkpoint(GOLD)) / "state"
+    snapshots = sorted(p.name for p in state.rglob("*.zip"))
+    assert snapshots and not list(state.rglob("*.changelog")), snapshots
 
 
 def test_windowed_aggregates_equal_batch_computation(spark, windowed):
