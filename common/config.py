@@ -187,6 +187,7 @@ class MaintenanceConf(Spec):
     checkpoint_interval: PosInt
     ops_retention: DurationValue
     min_batches_to_retain: PosInt
+    state_maintenance_interval: DurationValue
 
     @model_validator(mode="after")
     def _log_outlives_audit(self):

@@ -53,12 +53,12 @@ def state_checkpointing(cfg: Config) -> dict[str, str]:
     """How RocksDB state stores reach the checkpoint, by how long the process lives.
 
     processing-time: changelog checkpointing. A commit uploads only the batch's changed keys; a
-    background thread (every spark.sql.streaming.stateStore.maintenanceInterval, 60 s) uploads a
-    snapshot every 10 batches, compacted first: silver's dedup keys expire with the watermark,
+    background thread (every conf maintenance.state_maintenance_interval) uploads a snapshot
+    every 10 batches, compacted first: silver's dedup keys expire with the watermark,
     and uncompacted their tombstones kept its snapshots at 2-3x the live keys and its checkpoint
     folder growing for the first 40 batches of the 30-minute soak.
-    available-now: a snapshot with every commit. A run of a few batches ends before that thread
-    ever runs, and stopping the session drops the snapshots it has not uploaded: no run left
+    available-now: a snapshot with every commit. A run of a few batches may end before that
+    thread has uploaded its snapshot, and stopping the session drops the snapshots it has not uploaded: no run left
     one, so every start rebuilt each store from all the changelogs since the query began (silver
     after 1M events: 1M puts and 350k deletes replayed, 15 s of task time, for 6,000 new rows).
     Not compacted: a commit then uploads only the files it flushed (RocksDB compacts in the
@@ -119,6 +119,10 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.databricks.delta.autoCompact.earlySkipPartitionTable.enabled": "true",
         "spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false",
         "spark.sql.streaming.minBatchesToRetain": str(cfg.maintenance.min_batches_to_retain),
+        # State versions past minBatchesToRetain are deleted only by this background task, and only
+        # for stores loaded in this process: often enough that a run of seconds gets a turn.
+        "spark.sql.streaming.stateStore.maintenanceInterval":
+            f"{max(1, round(cfg.maintenance.state_maintenance_interval.seconds * 1000))}ms",
         # Delta refuses time travel past delta.deletedFileRetentionDuration counted in whole hours,
         # so a horizon under an hour (the soak's) would refuse every old version. The audit checks
         # the same horizon itself, to the second (audit.__main__._too_old).

@@ -106,6 +106,56 @@ def test_state_stores_snapshot_every_commit_only_in_available_now_runs(env):
     assert conf("processing-time") == ("true", "true")
 
 
+def _state_versions(checkpoint: Path) -> int:
+    """Committed versions kept in the checkpoint's state stores, the most of any one store."""
+    stores = [d for d in (checkpoint / "state").glob("*/*") if d.is_dir() and d.name.isdigit()]
+    return max(len(list(d.glob("[0-9]*.zip"))) for d in stores)
+
+
+def test_available_now_runs_leave_state_versions_past_the_retention_deleted(spark, tmp_path):
+    """Spark deletes state versions older than minBatchesToRetain only from its background
+    maintenance, and only for stores loaded while a query runs: a run of seconds must get a turn
+    (conf maintenance.state_maintenance_interval), or every available-now run leaves its versions
+    behind for good. Runs here commit two versions each (a batch, then its watermark batch)."""
+    from pyspark.sql import functions as F
+
+    interval_ms = int(spark.conf.get("spark.sql.streaming.stateStore.maintenanceInterval").rstrip("ms"))
+    assert interval_ms <= 10_000, "state maintenance as rare as Spark's 60 s default misses short runs"
+    source, checkpoint = str(tmp_path / "source"), tmp_path / "checkpoint"
+    retain = 3
+    spark.conf.set("spark.sql.streaming.minBatchesToRetain", str(retain))
+    held = []
+
+    def run(hold_s: float = 0.0) -> None:
+        def body(df, batch_id):
+            df.count()                  # loads and commits the batch's state stores
+            if hold_s and not held:     # still loaded: the maintenance task gets its turn
+                held.append(batch_id)
+                time.sleep(hold_s)
+        stream = (spark.readStream.format("delta").load(source)
+                  .withWatermark("t", "1 minute").dropDuplicatesWithinWatermark(["id"]))
+        (stream.writeStream.foreachBatch(body).option("checkpointLocation", str(checkpoint))
+         .trigger(availableNow=True).start().awaitTermination())
+
+    def land(i: int) -> None:
+        (spark.range(3).select((F.col("id") + 10 * i).cast("string").alias("id"),
+                               F.timestamp_seconds(F.lit(3600 * i) + F.col("id")).alias("t"))
+         .write.format("delta").mode("append").save(source))
+
+    try:
+        for i in range(3):
+            land(i)
+            run()
+        land(3)
+        run(hold_s=interval_ms / 1000 + 4)
+        # Two versions a run, 8 in all: the held run's stores are pruned to the retention.
+        assert _state_versions(checkpoint) <= retain + 2, \
+            f"{_state_versions(checkpoint)} state versions kept with minBatchesToRetain={retain}"
+    finally:
+        spark.conf.set("spark.sql.streaming.minBatchesToRetain",
+                       str(load_config().maintenance.min_batches_to_retain))
+
+
 @pytest.mark.parametrize("kills", [4, 5, 10])
 def test_mixed_chaos_kills_the_pipeline_process_first_then_every_layer(kills):
     from chaos.run import Settings, schedule
