@@ -58,7 +58,7 @@ def state_checkpointing(cfg: Config) -> dict[str, str]:
     and uncompacted their tombstones kept its snapshots at 2-3x the live keys and its checkpoint
     folder growing for the first 40 batches of the 30-minute soak.
     available-now: a snapshot with every commit. A run of a few batches may end before that
-    thread has uploaded its snapshot, and stopping the session drops the snapshots it has not uploaded: no run left
+    thread has uploaded a snapshot, and stopping the session drops the ones it has not: no run left
     one, so every start rebuilt each store from all the changelogs since the query began (silver
     after 1M events: 1M puts and 350k deletes replayed, 15 s of task time, for 6,000 new rows).
     Not compacted: a commit then uploads only the files it flushed (RocksDB compacts in the

@@ -122,8 +122,9 @@ def test_available_now_runs_leave_state_versions_past_the_retention_deleted(spar
     interval_ms = int(spark.conf.get("spark.sql.streaming.stateStore.maintenanceInterval").rstrip("ms"))
     assert interval_ms <= 10_000, "state maintenance as rare as Spark's 60 s default misses short runs"
     source, checkpoint = str(tmp_path / "source"), tmp_path / "checkpoint"
-    retain = 3
-    spark.conf.set("spark.sql.streaming.minBatchesToRetain", str(retain))
+    retain, key = 3, "spark.sql.streaming.minBatchesToRetain"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, str(retain))
     held = []
 
     def run(hold_s: float = 0.0) -> None:
@@ -152,8 +153,7 @@ def test_available_now_runs_leave_state_versions_past_the_retention_deleted(spar
         assert _state_versions(checkpoint) <= retain + 2, \
             f"{_state_versions(checkpoint)} state versions kept with minBatchesToRetain={retain}"
     finally:
-        spark.conf.set("spark.sql.streaming.minBatchesToRetain",
-                       str(load_config().maintenance.min_batches_to_retain))
+        spark.conf.set(key, previous)
 
 
 @pytest.mark.parametrize("kills", [4, 5, 10])
