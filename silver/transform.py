@@ -17,6 +17,7 @@ from pyspark.sql.types import ArrayType, MapType, StringType, StructField, Struc
 from common.profile import Profile
 
 CORRUPT = "_corrupt_record"
+BOM = "\ufeff"
 
 
 def raw_schema(profile: Profile) -> StructType:
@@ -86,7 +87,11 @@ def _reason(condition: Column, code: str) -> Column:
 
 
 def _reasons(*candidates: Column) -> Column:
-    return F.filter(F.array(*candidates), lambda c: c.isNotNull())
+    """The codes that apply, in order. Concatenated arrays rather than filter(array(...)): a
+    higher-order function is evaluated row by row outside generated code, and so would every
+    check under it be (is_valid_utf8 through reflection), on every record and event."""
+    none = F.array().cast("array<string>")
+    return F.concat(*[F.when(c.isNull(), none).otherwise(F.array(c)) for c in candidates]).cast("array<string>")
 
 
 def _at(column: Column, path: tuple[str, ...]) -> Column:
@@ -101,17 +106,23 @@ def _elements_name(profile: Profile) -> str:
 
 def parse_records(bronze: DataFrame, profile: Profile) -> DataFrame:
     """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`."""
+    raw = F.col("raw")
     # A UTF-8 BOM (first line of a file saved by some Windows tools) is not JSON; bronze keeps it,
-    # the parser skips it.
-    text = F.regexp_replace("raw", "^\ufeff", "")
+    # the parser skips it. The regex runs only where the bytes are there: on every record it cost
+    # a decode, a scan and an encode of the whole line.
+    text = F.when(raw.startswith(BOM), F.regexp_replace(raw, f"^{BOM}", "")).otherwise(raw)
     j = F.from_json(text, raw_schema(profile), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     df = bronze.select("raw", *_lineage(), j.alias("j"))
     # One reason per record, the first that applies. from_json reads the first JSON value and
     # ignores what follows it, so content after the closing brace is checked here: an object
     # must end the record, and "}{" (outside a string) means a second value follows.
-    reason = (F.when(F.col("raw").isNull() | F.col("raw").rlike(r"^\s*$"), "empty_record")
+    # Byte tests first (a line opening with "{" is not blank; one closing with "}" ends an
+    # object): the regexes decide only the lines those cannot, with the same answers.
+    blank = ~raw.startswith("{") & raw.rlike(r"^\s*$")
+    ends_object = raw.endswith("}") | text.rlike(r"\}\s*$")
+    reason = (F.when(raw.isNull() | blank, "empty_record")
               .when(~F.is_valid_utf8("raw"), "invalid_utf8")
-              .when(F.col("j").isNull() | ~text.rlike(r"\}\s*$"), "malformed_json")
+              .when(F.col("j").isNull() | ~ends_object, "malformed_json")
               .when(text.rlike(r"\}\s*\{") & (F.coalesce(F.json_array_length(
                   F.concat(F.lit("["), text, F.lit("]"))), F.lit(0)) != 1), "malformed_json")
               .when(F.col(f"j.{CORRUPT}").isNotNull(), _shape_reason(text, profile)))
