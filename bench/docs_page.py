@@ -135,6 +135,21 @@ Where the time goes is fixed costs, not rows:
   GX). A JFR profile of it put ~20% of the JVM's CPU in generating and compiling code for the
   many small plans; whole-stage codegen is now off (`common/spark.py`), which helps below a
   million events and costs nothing at a million.
+- Start-up at 20,000 events (the largest gap to the baseline there): the session is ready after
+  about 9 s, bronze's table after 3.5 s more (the first Delta operation of a cold JVM), and silver
+  waits about 3 s after bronze for its dimension's seed, which ran beside bronze's batch. The GX
+  import that checks the suites (2-6 s of Python) runs beside the JVM's start and ends before the
+  session is up. Leaving it to silver's first batch started bronze 2-3 s sooner but added as much
+  to silver: whole runs 60.7 / 65.6 s against 57.4 / 66.4 s, so it stays where it is.
+- Silver's parse is per-record CPU: JSON parsing, the two timestamps parsed and formatted (the
+  event id hashes them), SHA-256, and the reason checks. The checks must stay in generated code:
+  a reason list built with `filter(array(...))` (a higher-order function) made Spark evaluate
+  every check under it row by row, `is_valid_utf8` through reflection; concatenated one-element
+  arrays give the same codes generated (`silver/transform.py` `_reasons`), and the record regexes
+  run only on lines whose first and last bytes cannot decide. Parsing 200,000 events took 30% less
+  JVM CPU, and the cache of each batch is kept uncompressed (compressing it was 9% of a run-all's
+  task CPU); at 200,000 events silver's layer went from 55.7 / 53.7 s to 43.5 / 47.3 s of
+  run-all, in interleaved pairs in one hour.
 - Local files go through `jvm/localfs` (Java's file API): Hadoop without its native library
   forked `chmod` for every file it created and `readlink` for every checkpoint or log rename,
   and a streaming run spent half its CPU in system time doing so. The baseline (g) uses it too.
