@@ -213,6 +213,28 @@ def test_every_reason_code_one_case_per_line(spark, silver_conf):
         assert (r.event_id is None) is record_level, case
 
 
+def test_lines_the_byte_tests_cannot_decide_get_the_regexes_answer(spark, silver_conf):
+    """parse_records looks at a line's first and last bytes before its regexes: whatever those
+    cannot decide (whitespace around the object, a BOM, a second value) still gets the regex's
+    answer."""
+    good = record(camera())
+    cases = [(good + " \t", []), (" " + good, []), ("\ufeff" + good, []), (" \t ", ["empty_record"]),
+             (good + " " + good, ["malformed_json"]), (good + "\n" + good, ["malformed_json"]),
+             (good + "x", ["malformed_json"]), ("\ufeff", ["malformed_json"])]
+    got = reasons_by_line(parse(spark, silver_conf, [raw for raw, _ in cases]))
+    assert got == {i: reasons for i, (_, reasons) in enumerate(cases, start=1)}
+
+
+def test_reason_checks_are_not_under_a_higher_order_function(spark, silver_conf):
+    """Spark evaluates a higher-order function row by row outside generated code, and every
+    expression under it too: reason lists built as filter(array(checks...)) cost 30% of the
+    parse's CPU. Only the checks of a record the schema rejected (its shape) may use one."""
+    import re
+
+    plan = parse(spark, silver_conf, [record(camera())])._jdf.queryExecution().executedPlan().toString()
+    assert not re.search(r"\bfilter\(", plan), "a reason list is built with filter()"
+
+
 def test_non_utf8_bytes_are_quarantined_as_invalid_utf8(spark, silver_conf):
     # Bronze keeps the bytes as they arrived, so raw may hold invalid UTF-8 (as the file source
     # writes it: a binary -> string cast, no decoding).
