@@ -91,7 +91,8 @@ def _reasons(*candidates: Column) -> Column:
     higher-order function is evaluated row by row outside generated code, and so would every
     check under it be (is_valid_utf8 through reflection), on every record and event."""
     none = F.array().cast("array<string>")
-    return F.concat(*[F.when(c.isNull(), none).otherwise(F.array(c)) for c in candidates]).cast("array<string>")
+    each = [F.when(c.isNull(), none).otherwise(F.array(c)) for c in candidates]
+    return F.concat(*each).cast("array<string>")
 
 
 def _at(column: Column, path: tuple[str, ...]) -> Column:
