@@ -92,7 +92,7 @@ def _reasons(*candidates: Column) -> Column:
     check under it be (is_valid_utf8 through reflection), on every record and event."""
     none = F.array().cast("array<string>")
     each = [F.when(c.isNull(), none).otherwise(F.array(c)) for c in candidates]
-    return F.concat(*each).cast("array<string>")
+    return F.concat(*each).cast("array<string>")   # elements nullable, as the tables declare
 
 
 def _at(column: Column, path: tuple[str, ...]) -> Column:

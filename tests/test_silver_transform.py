@@ -5,6 +5,7 @@ Bronze rows are built by hand (raw JSON text + file lineage); nothing here start
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -229,8 +230,6 @@ def test_reason_checks_are_not_under_a_higher_order_function(spark, silver_conf)
     """Spark evaluates a higher-order function row by row outside generated code, and every
     expression under it too: reason lists built as filter(array(checks...)) cost 30% of the
     parse's CPU. Only the checks of a record the schema rejected (its shape) may use one."""
-    import re
-
     plan = parse(spark, silver_conf, [record(camera())])._jdf.queryExecution().executedPlan().toString()
     assert not re.search(r"\bfilter\(", plan), "a reason list is built with filter()"
 
