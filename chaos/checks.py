@@ -62,7 +62,7 @@ def _check_bronze(out: Checks, read, expected) -> None:
     dup_lines = len(keys) - len(set(keys))
     missing = set(expected.records) - set(keys)
     extra = set(keys) - set(expected.records)
-    # raw is read as ISO-8859-1 (one char per byte) by bronze; compare bytes.
+    # raw holds the line's bytes as they arrived, valid UTF-8 or not: compare bytes.
     changed = [k for k, r in zip(keys, rows) if k in expected.records
                and _bytes(r.raw) != expected.records[k]]
     out.figures.update(records_generated=len(expected.records), bronze_rows=n_bronze)

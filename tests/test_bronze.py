@@ -243,6 +243,39 @@ def test_shared_dataset_files_without_final_newline_keep_their_last_line(spark, 
     assert_bronze_holds_files(spark, cfg, copies)
 
 
+AWKWARD_FILES = {
+    "empty": b"",
+    "one newline": b"\n",
+    "no final newline": b'{"a":1}\n{"b":2}',
+    "blank lines kept": b'{"a":1}\n\n\n{"b":2}\n\n',
+    "crlf and lone cr stay in the line": b'{"a":1}\r\n{"b":\r2}\r\n',
+    "bom, bad utf-8, nul": b'\xef\xbb\xbf{"a":1}\n{"b":"\xff\xfe\x80"}\n\x00\n',
+    "long line": b"x" * 3_000_000 + b"\n" + b"y",
+}
+
+
+def test_the_splitter_cuts_on_newline_only_and_keeps_every_byte(spark):
+    """bronze_split_lines (jvm/bronze-lines) against the line definition in Python, on the
+    awkward files; and a `record: file` profile's whole file as one record (none if empty)."""
+    from datetime import datetime
+
+    from bronze.transform import lines_from_files
+    from bronze.job import BINARY_FILE_SCHEMA
+
+    when = datetime(2026, 11, 1)
+    files = spark.createDataFrame([(name, when, len(data), bytearray(data))
+                                   for name, data in AWKWARD_FILES.items()], BINARY_FILE_SCHEMA)
+    for whole_file in (False, True):
+        rows = (lines_from_files(files, whole_file=whole_file)
+                .selectExpr("file_path", "line_number", "CAST(raw AS BINARY) AS raw").collect())
+        got = defaultdict(list)
+        for r in sorted(rows, key=lambda r: (r.file_path, r.line_number)):
+            got[r.file_path].append((r.line_number, bytes(r.raw)))
+        for name, data in AWKWARD_FILES.items():
+            lines = ([data] if data else []) if whole_file else (file_lines(data) if data else [])
+            assert got.get(name, []) == list(enumerate(lines, 1)), (name, whole_file)
+
+
 # --- Kafka ---------------------------------------------------------------------------------
 
 @pytest.mark.kafka
