@@ -20,8 +20,17 @@ def _split_lines(spark) -> None:
     """Register the splitter in this session once (a temporary function, session-scoped)."""
     from pyspark.sql.types import ArrayType, BinaryType
 
-    if not spark.catalog.functionExists(SPLIT_LINES):
+    from pyspark.errors import AnalysisException
+
+    from common.jars import MissingJarsError
+
+    if spark.catalog.functionExists(SPLIT_LINES):
+        return
+    try:
         spark.udf.registerJavaFunction(SPLIT_LINES, _SPLIT_LINES_CLASS, ArrayType(BinaryType()))
+    except AnalysisException as e:
+        raise MissingJarsError(f"bronze's line splitter {_SPLIT_LINES_CLASS} is not on Spark's classpath "
+                               f"(jvm/bronze-lines): run `make setup`, which builds it ({e.getMessage()})") from None
 
 
 def _with_ingest(df: DataFrame) -> DataFrame:

@@ -276,6 +276,17 @@ def test_the_splitter_cuts_on_newline_only_and_keeps_every_byte(spark):
             assert got.get(name, []) == list(enumerate(lines, 1)), (name, whole_file)
 
 
+def test_a_splitter_missing_from_the_classpath_names_make_setup(spark, monkeypatch):
+    from bronze import transform as T
+    from bronze.job import BINARY_FILE_SCHEMA
+    from common.jars import MissingJarsError
+
+    monkeypatch.setattr(T, "SPLIT_LINES", "bronze_split_lines_not_built")
+    monkeypatch.setattr(T, "_SPLIT_LINES_CLASS", "bronzelines.NotBuilt")
+    with pytest.raises(MissingJarsError, match=r"bronzelines\.NotBuilt .*run `make setup`"):
+        T.lines_from_files(spark.createDataFrame([], BINARY_FILE_SCHEMA))
+
+
 # --- Kafka ---------------------------------------------------------------------------------
 
 @pytest.mark.kafka
