@@ -2,9 +2,12 @@
 
 Nothing is parsed or dropped here: every line or message becomes one row, bytes untouched.
 """
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BinaryType
 
+from common.jars import MissingJarsError
 from common.schemas import BRONZE_EVENTS
 
 # The file's bytes -> its lines' bytes, split on '\n' in one pass (jvm/bronze-lines, built at
@@ -18,12 +21,6 @@ _SPLIT_LINES_CLASS = "bronzelines.SplitLines"
 
 def _split_lines(spark) -> None:
     """Register the splitter in this session once (a temporary function, session-scoped)."""
-    from pyspark.sql.types import ArrayType, BinaryType
-
-    from pyspark.errors import AnalysisException
-
-    from common.jars import MissingJarsError
-
     if spark.catalog.functionExists(SPLIT_LINES):
         return
     try:

@@ -10,7 +10,8 @@ import org.apache.spark.sql.api.java.UDF1;
  * A landing file's bytes to its lines' bytes, split on '\n' only and copied as they are: a '\r'
  * before it, bytes that are not UTF-8 and a BOM stay in the line (bronze keeps every byte).
  * A final '\n' ends the last line rather than starting an empty one; every other empty line is a
- * line of its own. An empty file has no line. Registered as bronze_split_lines (common/spark.py).
+ * line of its own. An empty file has no line. Registered as bronze_split_lines by the transform
+ * that calls it (bronze/transform.py).
  */
 public final class SplitLines implements UDF1<byte[], List<byte[]>> {
     private static final long serialVersionUID = 1L;
