@@ -100,8 +100,12 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.driver.memory": cfg.spark.driver_memory,
         "spark.ui.enabled": str(cfg.spark.ui_enabled).lower(),
         "spark.ui.showConsoleProgress": "false",
-        # Small local tables: Delta's default of 50 partitions for its log state is overkill.
-        "spark.databricks.delta.snapshotPartitions": "2",
+        # Delta rebuilds a table's log state (two Spark jobs) for every new version a MERGE or scan
+        # reads: gold pays it per table per batch. The pipeline's tables hold a few files each
+        # (auto-compaction), so one task does it: gold's 13-row batches of `make bench-audit`
+        # took 8.0-9.2 s with 1 partition against 8.8-9.4 s with 2 (3 runs each), its MERGEs
+        # 28-33 s against 31-36 s per 7 batches. Delta's default is 50.
+        "spark.databricks.delta.snapshotPartitions": "1",
         "spark.sql.adaptive.enabled": "true",
         # Silver and gold cache each micro-batch to count it and write it. Compressing the cached
         # columns (stats for dictionary/run-length encodings on every value) was 9% of a 200k
