@@ -158,6 +158,14 @@ Where the time goes is fixed costs, not rows:
   and encoded every line back: on the 1,000,000-event landing (630,005 lines, 294 MB) into the
   `noop` sink that took 7.3-8.1 s (11-13 s of JVM CPU), the byte splitter 2.2-3.0 s (3.8-5.0 s),
   with the same rows and bytes.
+- A gold batch costs Delta's work per table version more than its rows: the 13-row gold batches
+  of `make bench-audit` took about 6 s each, 4.4 s of it in the MERGE. Before skipping files,
+  Delta 4.4 rebuilds the state of the version a MERGE reads and computes its size (`filesForScan`
+  asks for it): a scan of the log's JSON and an aggregation, 1.7 s of those 4.4 s, once per table
+  per batch whatever the batch changed. Its checksum file lists every file of a small table, but
+  open-source Delta does not read the files from it. That state is built in one task
+  (`spark.databricks.delta.snapshotPartitions` 1): those batches went from 8.8-9.4 s to 8.0-9.2 s
+  a version, silver commits included.
 - In the streaming run (d) the two cores are the limit, not the intervals: silver shares them
   with bronze's and gold's batches and processed about 3,000 rows/s in this machine's slow hours
   (about 6,400 in its fast ones), below the 5,000 events/s feed, so files queue and the latency
