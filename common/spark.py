@@ -102,10 +102,8 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         # Delta rebuilds a table's log state (two Spark jobs) for every new version a MERGE or scan
         # reads: gold pays it per table per batch. The pipeline's tables hold a few files each
-        # (auto-compaction), so one task does it: a version of `make bench-audit` (a 13-row silver
-        # commit and the gold batch over it) took 8.0-9.2 s with 1 partition against 8.8-9.4 s
-        # with 2 (3 runs each), its MERGEs 28-33 s against 31-36 s per 7 batches. Delta's
-        # default is 50.
+        # (auto-compaction), so one task does it (Delta's default is 50; measured in
+        # docs/benchmark.md, "Reading the figures").
         "spark.databricks.delta.snapshotPartitions": "1",
         "spark.sql.adaptive.enabled": "true",
         # Silver and gold cache each micro-batch to count it and write it. Compressing the cached
