@@ -116,6 +116,11 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # CPU in code formatting and Janino. Off: run-all of 20,000 events ~10% faster, of 200,000
         # 4%, of 1,000,000 the same (expressions are still compiled, only not fused per stage).
         "spark.sql.codegen.wholeStage": "false",
+        # Compiled classes are cached by their source, 100 by default: fewer than the distinct
+        # classes one round of the pipeline's plans needs (bronze, silver, gold, their gates,
+        # MERGEs and commits), so the cache turned over and each batch recompiled what the last
+        # one had: about 90 classes per bench-audit version, none once the cache holds them.
+        "spark.sql.codegen.cache.maxEntries": "2000",
         # Table maintenance (conf maintenance.*): auto-compaction's threshold and the streaming
         # checkpoints' history.
         "spark.databricks.delta.autoCompact.minNumFiles": str(cfg.maintenance.auto_compact_min_files),
