@@ -119,7 +119,7 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # Compiled classes are cached by their source, 100 by default: fewer than the distinct
         # classes one round of the pipeline's plans needs (bronze, silver, gold, their gates,
         # MERGEs and commits), so the cache turned over and each batch recompiled what the last
-        # one had: about 90 classes per bench-audit version, none once the cache holds them.
+        # one had (measured in docs/benchmark.md, "Reading the figures").
         "spark.sql.codegen.cache.maxEntries": "2000",
         # Table maintenance (conf maintenance.*): auto-compaction's threshold and the streaming
         # checkpoints' history.
