@@ -179,8 +179,8 @@ Where the time goes is fixed costs, not rows:
   is mostly waiting. Gold's state stays at its open sessions (53 rows at 1.5M events; the three
   queries before it kept 2,500 and growing). Shorter intervals only add per-batch fixed costs.
   The quality gates weigh more there than in (f): 19% of silver's batch time and 23% of gold's
-  in one such run, where a batch's gate (on a clean batch two GX passes and 7 Spark jobs, 2.2 s alone on
-  140,000 rows) shares the cores with the other layers' batches.
+  in one such run. A clean batch's gate is two GX passes and 7 Spark jobs, 2.2 s alone on
+  140,000 rows, and there it shares the cores with the other layers' batches.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
