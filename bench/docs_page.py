@@ -140,8 +140,8 @@ Where the time goes is fixed costs, not rows:
   before had. In `make bench-audit`'s loop (a silver commit and a gold batch a version, warm JVM)
   that was about 80 compiles a version; with a cache of 2,000, 6 (code that inlines a batch's
   literals). Four interleaved pairs: 7.8 / 9.0 / 9.5 / 8.2 s a version before, 8.0 / 8.4 / 5.7 /
-  7.2 s after; driver JVM CPU 11.2 / 9.8 s against 7.0 / 8.8 s a version. An available-now run
-  compiles each plan once and is unchanged.
+  7.2 s after; driver JVM CPU (the last two pairs) 11.2 / 9.8 s against 7.0 / 8.8 s a version.
+  An available-now run compiles each plan once and is unchanged.
 - Start-up at 20,000 events (the largest gap to the baseline there): the session is ready after
   about 9 s, bronze's table after 3.5 s more (the first Delta operation of a cold JVM), and silver
   waits about 3 s after bronze for its dimension's seed, which ran beside bronze's batch. The GX
