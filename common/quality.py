@@ -147,8 +147,8 @@ class QualityGate:
         # caller caches the batch once and releases it after all checks.
         source = self._context.data_sources.add_spark(name=f"lakehouse_{suite.table}", persist=False)
         self._batches = source.add_dataframe_asset(name="batch").add_batch_definition_whole_dataframe("all")
-        # GX suites by the rule names they hold: the whole suite, and the subsets later passes need.
-        self._gx_suites = {tuple(rule.name for rule in suite.rules): self._gx_suite_of(suite.rules)}
+        self._rules = {rule.name: rule for rule in suite.rules}
+        self._configs: dict[tuple, list] = {}      # (rule name, result format) pairs -> GX configurations
         # A row-wise (map) expectation without `mostly` succeeds only with no unexpected row, so
         # its success alone gives its counts: unexpected 0 of the batch's rows.
         from great_expectations.expectations.expectation import (
@@ -158,46 +158,48 @@ class QualityGate:
         self._implied = {rule.name for rule in suite.rules
                          if isinstance(rule.gx(), row_wise) and "mostly" not in rule.kwargs}
 
-    def _gx_suite_of(self, rules):
-        import great_expectations as gx
+    def _detail_format(self, rule: Rule) -> str:
+        """The result format a rule needs when its success does not say everything: row ids
+        (COMPLETE) for quarantine and fail rules, counts and a sample (BASIC) for the others."""
+        return "COMPLETE" if self.suite.row_id and rule.policy in ("quarantine", "fail") else "BASIC"
 
-        names = ",".join(rule.name for rule in rules)
-        gx_suite = gx.ExpectationSuite(name=f"{self.suite.name}:{self.suite.table}:{names}")
-        for rule in rules:
-            gx_suite.add_expectation(rule.gx())
-        return gx_suite
+    def _result_format(self, fmt: str) -> dict:
+        if fmt == "BOOLEAN_ONLY":
+            return {"result_format": fmt}
+        extra = {"unexpected_index_column_names": [self.suite.row_id]} if fmt == "COMPLETE" else {}
+        return {"result_format": fmt, "partial_unexpected_count": SAMPLE_ROWS, **extra}
 
-    def _run(self, batch, rules, result_format: dict) -> dict:
-        key = tuple(rule.name for rule in rules)
-        if key not in self._gx_suites:
-            self._gx_suites[key] = self._gx_suite_of(rules)
+    def _run(self, df, formats: dict[str, str]) -> dict:
+        """One GX graph for the rules, each with its own result format: GX computes the metrics
+        they share (row count, null counts) once and bundles the aggregates on one domain into
+        one Spark job. A validation-wide result format would make a rule needing more detail
+        cost a second validation, and with it a second round of the same metrics."""
+        key = tuple(formats.items())
+        if key not in self._configs:
+            self._configs[key] = [self._rules[name].gx().copy(update={"result_format": self._result_format(fmt)})
+                                  .configuration for name, fmt in key]
         by_type = {}
-        for r in batch.validate(self._gx_suites[key], result_format=result_format).results:
+        for r in _PerRuleFormat(self._batches, {"dataframe": df}).run(self._configs[key]):
             by_type.setdefault(r.expectation_config.type, []).append(r)
-        return {rule.name: _match(by_type.get(rule.expectation, []), rule) for rule in rules}
+        return {name: _match(by_type.get(self._rules[name].expectation, []), self._rules[name]) for name in formats}
 
     def validate(self, df, rows: int | None = None) -> list[Outcome]:
         """Evaluate the suite on df (cached by the caller; `rows`: its row count, if known).
 
-        GX runs Spark jobs per metric it returns, so the suite runs in as few and as light
-        passes as the outcomes need: first pass/fail for every rule (BOOLEAN_ONLY); then counts
-        (BASIC) only for rules whose success does not imply them (a failure, a `mostly`, an
-        aggregate expectation's observed value), and row ids (COMPLETE) only for quarantine and
-        fail rules that flagged rows. A clean batch pays for the first pass alone."""
-        batch = self._batches.get_batch(batch_parameters={"dataframe": df})
-        found = self._run(batch, self.suite.rules, {"result_format": "BOOLEAN_ONLY"})
-        detail = [rule for rule in self.suite.rules
-                  if not (found[rule.name].success and rule.name in self._implied)]
-        with_ids = [rule for rule in detail if self.suite.row_id and rule.policy in ("quarantine", "fail")]
-        counts = [rule for rule in detail if rule not in with_ids]
-        if counts:
-            found.update(self._run(batch, counts, {"result_format": "BASIC",
-                                                   "partial_unexpected_count": SAMPLE_ROWS}))
-        if with_ids:
-            found.update(self._run(batch, with_ids, {
-                "result_format": "COMPLETE", "partial_unexpected_count": SAMPLE_ROWS,
-                "unexpected_index_column_names": [self.suite.row_id]}))
-        if rows is None and len(detail) < len(self.suite.rules):
+        GX runs Spark jobs per metric it returns, so each rule asks for no more than its outcome
+        needs, all in one validation: pass/fail (BOOLEAN_ONLY) for the row-wise rules whose
+        success implies their counts, counts (BASIC) or row ids (COMPLETE) for the others (a
+        `mostly`, an aggregate expectation's observed value). Only a row-wise rule that failed
+        needs a second validation, for its counts or ids. A clean batch pays for one."""
+        first = {rule.name: "BOOLEAN_ONLY" if rule.name in self._implied else self._detail_format(rule)
+                 for rule in self.suite.rules}
+        found = self._run(df, first)
+        failed = {name: self._detail_format(self._rules[name]) for name, fmt in first.items()
+                  if fmt == "BOOLEAN_ONLY" and not found[name].success}
+        if failed:
+            found.update(self._run(df, failed))
+        implied = {name for name, fmt in first.items() if fmt == "BOOLEAN_ONLY" and name not in failed}
+        if rows is None and implied:
             rows = df.count()
         outcomes = []
         for rule in self.suite.rules:
@@ -205,13 +207,14 @@ class QualityGate:
             if r.exception_info and r.exception_info.get("raised_exception"):
                 raise GateError(f"expectation '{rule.name}' ({rule.expectation}) could not be "
                                 f"evaluated: {r.exception_info.get('exception_message')}")
-            if rule not in detail:
+            if rule.name in implied:
                 outcomes.append(Outcome(rule=rule, success=True, element_count=rows, unexpected_count=0,
                                         observed_value=None, gx_result=r))
                 continue
             res = r.result or {}
+            with_ids = self._detail_format(rule) == "COMPLETE"
             ids = [d.get(self.suite.row_id) for d in res.get("unexpected_index_list") or []
-                   if isinstance(d, dict)] if rule in with_ids else []
+                   if isinstance(d, dict)] if with_ids else []
             outcomes.append(Outcome(
                 rule=rule, success=bool(r.success),
                 element_count=res.get("element_count"),
@@ -223,6 +226,37 @@ class QualityGate:
                 gx_result=r,
             ))
         return outcomes
+
+
+def _per_rule_format_validator():
+    from great_expectations.validator.v1_validator import Validator
+
+    class PerRuleFormat(Validator):
+        """GX's validator with no validation-wide result format, so that each expectation's
+        own `result_format` applies (GX 1.x gives a validation-wide format precedence over
+        it). The rest is GX's own path: the wrapped validator's graph_validate, as
+        Validator._validate_expectation_configs runs it."""
+
+        def run(self, configs: list) -> list:
+            validator = self._wrapped_validator
+            return validator.graph_validate(
+                configurations=validator.process_expectations_for_validation(configs, None),
+                runtime_configuration={"catch_exceptions": True})
+
+    return PerRuleFormat
+
+
+class _Lazy:
+    """The GX validator subclass, built on first use: importing GX costs 2-3 s."""
+    cls = None
+
+    def __call__(self, batch_definition, batch_parameters):
+        if _Lazy.cls is None:
+            _Lazy.cls = _per_rule_format_validator()
+        return _Lazy.cls(batch_definition=batch_definition, batch_parameters=batch_parameters)
+
+
+_PerRuleFormat = _Lazy()
 
 
 def result_json_of(r) -> str:

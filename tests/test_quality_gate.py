@@ -1,0 +1,110 @@
+"""The quality gate asks GX for no more than each rule's outcome needs, in one validation for a
+clean batch, and still gives GX's own verdicts, counts and row ids."""
+from datetime import datetime, timedelta
+
+import pytest
+import yaml
+
+import common.quality as Q
+
+T0 = datetime(2026, 11, 1, 10, 0, 0)
+RULES = [
+    {"name": "id_present", "expectation": "expect_column_values_to_not_be_null",
+     "kwargs": {"column": "event_id"}, "policy": "fail"},
+    {"name": "device_well_formed", "expectation": "expect_column_values_to_match_regex",
+     "kwargs": {"column": "device_id", "regex": "^cam-[0-9]{4}$"}, "policy": "quarantine"},
+    {"name": "ends_after_start", "expectation": "expect_column_pair_values_a_to_be_greater_than_b",
+     "kwargs": {"column_A": "end_time", "column_B": "start_time", "or_equal": True}, "policy": "quarantine"},
+    {"name": "zip_mostly_known", "expectation": "expect_column_values_to_not_be_null",
+     "kwargs": {"column": "zip_code", "mostly": 0.5}, "policy": "warn"},
+    {"name": "duration_max_plausible", "expectation": "expect_column_max_to_be_between",
+     "kwargs": {"column": "duration_seconds", "max_value": 86400}, "policy": "warn"},
+]
+SCHEMA = "event_id string, device_id string, start_time timestamp, end_time timestamp, " \
+         "duration_seconds double, zip_code string"
+
+
+def rows(bad_device: bool = False) -> list[tuple]:
+    out = [(f"e{i}", f"cam-{i:04d}", T0, T0 + timedelta(seconds=30), 30.0, None if i % 4 == 0 else "02108")
+           for i in range(12)]
+    if bad_device:
+        out[3] = ("e3", "cam 3!", T0, T0 - timedelta(seconds=5), -5.0, "02108")
+    return out
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    path = tmp_path_factory.mktemp("suite") / "suite.yaml"
+    path.write_text(yaml.safe_dump({"suite": "gate_test", "table": "silver.t", "row_id": "event_id",
+                                    "expectations": RULES}))
+    return Q.load_suites(path)["silver.t"]
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """How many GX validations the gate runs."""
+    runs = []
+    real = Q._PerRuleFormat
+
+    def counted(*args):
+        validator = real(*args)
+        run = validator.run
+        validator.run = lambda configs: runs.append([c.kwargs["result_format"]["result_format"]
+                                                     for c in configs]) or run(configs)
+        return validator
+    monkeypatch.setattr(Q, "_PerRuleFormat", counted)
+    return runs
+
+
+def gx_complete(suite, df) -> dict:
+    """GX's own validation of the whole suite, every result in full."""
+    import great_expectations as gx
+
+    context = gx.get_context(mode="ephemeral")
+    batch = (context.data_sources.add_spark(name="oracle", persist=False).add_dataframe_asset(name="a")
+             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df}))
+    gx_suite = gx.ExpectationSuite(name="oracle")
+    for rule in suite.rules:
+        gx_suite.add_expectation(rule.gx())
+    results = batch.validate(gx_suite, result_format={"result_format": "COMPLETE",
+                                                      "unexpected_index_column_names": ["event_id"]}).results
+    return {rule.name: Q._match([r for r in results if r.expectation_config.type == rule.expectation], rule)
+            for rule in suite.rules}
+
+
+def same_as_gx(outcomes, oracle, n: int) -> None:
+    for o in outcomes:
+        full = oracle[o.rule.name]
+        assert o.success == full.success, o.rule.name
+        res = full.result or {}
+        if "unexpected_count" in res:
+            assert (o.element_count, o.unexpected_count) == (res["element_count"], res["unexpected_count"]), o.rule.name
+            assert sorted(o.unexpected_ids) == sorted(d["event_id"] for d in res.get("unexpected_index_list") or [])\
+                or o.rule.policy not in ("quarantine", "fail"), o.rule.name
+        else:                                   # an aggregate expectation: its observed value
+            assert o.observed_value == str(res["observed_value"]) or \
+                float(o.observed_value) == float(res["observed_value"]), o.rule.name
+    assert {o.element_count for o in outcomes if o.unexpected_count is not None} == {n}
+
+
+def test_a_clean_batch_is_one_validation_that_gives_gx_s_own_counts(spark, suite, validations):
+    df = spark.createDataFrame(rows(), SCHEMA).cache()
+    outcomes = Q.QualityGate(suite).validate(df, 12)
+    assert len(validations) == 1
+    # Pass/fail alone where success implies the counts; the `mostly` rule and the aggregate
+    # expectation get their counts and observed value in the same validation.
+    assert validations[0] == ["BOOLEAN_ONLY", "BOOLEAN_ONLY", "BOOLEAN_ONLY", "BASIC", "BASIC"]
+    assert all(o.success for o in outcomes)
+    same_as_gx(outcomes, gx_complete(suite, df), 12)
+    zip_rule = next(o for o in outcomes if o.rule.name == "zip_mostly_known")
+    assert (zip_rule.unexpected_count, zip_rule.sample) == (3, [None, None, None])
+
+
+def test_a_failed_row_wise_rule_costs_a_second_validation_for_its_row_ids(spark, suite, validations):
+    df = spark.createDataFrame(rows(bad_device=True), SCHEMA).cache()
+    outcomes = Q.QualityGate(suite).validate(df, 12)
+    assert [len(formats) for formats in validations] == [5, 2]
+    assert validations[1] == ["COMPLETE", "COMPLETE"]     # the two quarantine rules that flagged a row
+    failed = {o.rule.name: o.unexpected_ids for o in outcomes if not o.success}
+    assert failed == {"device_well_formed": ["e3"], "ends_after_start": ["e3"]}
+    same_as_gx(outcomes, gx_complete(suite, df), 12)
