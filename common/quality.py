@@ -8,6 +8,7 @@ Each expectation has a policy:
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -148,7 +149,7 @@ class QualityGate:
         source = self._context.data_sources.add_spark(name=f"lakehouse_{suite.table}", persist=False)
         self._batches = source.add_dataframe_asset(name="batch").add_batch_definition_whole_dataframe("all")
         self._rules = {rule.name: rule for rule in suite.rules}
-        self._configs: dict[tuple, list] = {}      # (rule name, result format) pairs -> GX configurations
+        self._expectations: dict[tuple, list] = {}     # (rule name, result format) pairs -> GX expectations
         # A row-wise (map) expectation without `mostly` succeeds only with no unexpected row, so
         # its success alone gives its counts: unexpected 0 of the batch's rows.
         from great_expectations.expectations.expectation import (
@@ -175,11 +176,11 @@ class QualityGate:
         one Spark job. A validation-wide result format would make a rule needing more detail
         cost a second validation, and with it a second round of the same metrics."""
         key = tuple(formats.items())
-        if key not in self._configs:
-            self._configs[key] = [self._rules[name].gx().copy(update={"result_format": self._result_format(fmt)})
-                                  .configuration for name, fmt in key]
+        if key not in self._expectations:
+            self._expectations[key] = [self._rules[name].gx().copy(update={"result_format": self._result_format(fmt)})
+                                       for name, fmt in key]
         by_type = {}
-        for r in _PerRuleFormat(self._batches, {"dataframe": df}).run(self._configs[key]):
+        for r in _validator(self._batches, df).run([e.configuration for e in self._expectations[key]]):
             by_type.setdefault(r.expectation_config.type, []).append(r)
         return {name: _match(by_type.get(self._rules[name].expectation, []), self._rules[name]) for name in formats}
 
@@ -228,35 +229,28 @@ class QualityGate:
         return outcomes
 
 
+def _validator(batch_definition, df):
+    """A GX validator of df that applies each expectation's own result format."""
+    return _per_rule_format_validator()(batch_definition=batch_definition, batch_parameters={"dataframe": df})
+
+
+@functools.cache
 def _per_rule_format_validator():
-    from great_expectations.validator.v1_validator import Validator
+    from great_expectations.validator.v1_validator import Validator   # built on first use: GX's import is slow
 
     class PerRuleFormat(Validator):
-        """GX's validator with no validation-wide result format, so that each expectation's
-        own `result_format` applies (GX 1.x gives a validation-wide format precedence over
-        it). The rest is GX's own path: the wrapped validator's graph_validate, as
-        Validator._validate_expectation_configs runs it."""
+        """GX's V1 validator with no validation-wide result format, which GX 1.x would give
+        precedence over each expectation's own `result_format`. The rest is GX's own path:
+        the wrapped validator's graph_validate, as Validator._validate_expectation_configs
+        runs it."""
 
         def run(self, configs: list) -> list:
             validator = self._wrapped_validator
             return validator.graph_validate(
                 configurations=validator.process_expectations_for_validation(configs, None),
-                runtime_configuration={"catch_exceptions": True})
+                runtime_configuration={})
 
     return PerRuleFormat
-
-
-class _Lazy:
-    """The GX validator subclass, built on first use: importing GX costs 2-3 s."""
-    cls = None
-
-    def __call__(self, batch_definition, batch_parameters):
-        if _Lazy.cls is None:
-            _Lazy.cls = _per_rule_format_validator()
-        return _Lazy.cls(batch_definition=batch_definition, batch_parameters=batch_parameters)
-
-
-_PerRuleFormat = _Lazy()
 
 
 def result_json_of(r) -> str:

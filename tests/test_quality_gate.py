@@ -44,7 +44,7 @@ def suite(tmp_path_factory):
 def validations(monkeypatch):
     """How many GX validations the gate runs."""
     runs = []
-    real = Q._PerRuleFormat
+    real = Q._validator
 
     def counted(*args):
         validator = real(*args)
@@ -52,7 +52,7 @@ def validations(monkeypatch):
         validator.run = lambda configs: runs.append([c.kwargs["result_format"]["result_format"]
                                                      for c in configs]) or run(configs)
         return validator
-    monkeypatch.setattr(Q, "_PerRuleFormat", counted)
+    monkeypatch.setattr(Q, "_validator", counted)
     return runs
 
 
