@@ -197,7 +197,7 @@ class GoldBatch(MicroBatch):
         cfg, lineage = self.cfg, ctx.lineage
         watermark = lineage["watermark_ms"]
         batch.persist()
-        changed: list[tuple[GoldTable, DataFrame, int]] = []
+        changed: list[tuple[GoldTable, DataFrame, int, int]] = []   # spec, rows, changed, live
         try:
             # A batch that read no row (one that only moved the watermark) writes nothing:
             # marking the windows it made final, or the sessions it timed out, would cost a
@@ -210,14 +210,13 @@ class GoldBatch(MicroBatch):
                 if self.written(spec, ctx):
                     continue
                 rows = self.updates(spec, batch, watermark).persist()
-                changed.append((spec, rows, rows.count()))
-            gated = [(self.gates[spec.table], T.quality_view(self.live(spec, rows), cfg.profile.dimension),
-                      n if spec.windowed else None)
-                     for spec, rows, n in changed if n and spec.table in self.gates]
+                changed.append((spec, rows, *self.sizes(spec, rows)))
+            gated = [(self.gates[spec.table], T.quality_view(self.live(spec, rows), cfg.profile.dimension), live)
+                     for spec, rows, n, live in changed if live and spec.table in self.gates]
             gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
                                  lineage, ctx.replay) if gated else None)
             writes = []
-            for spec, rows, n in changed:
+            for spec, rows, n, _ in changed:
                 if not n:
                     continue
                 close_behind = spec.windowed or self.stale_behind
@@ -225,14 +224,14 @@ class GoldBatch(MicroBatch):
                     rows.sparkSession, cfg, self.paths[spec.table], spec, rows, watermark, ctx, close_behind))
                 if spec.publish and cfg.gold.stats_to_kafka:
                     writes.append(lambda spec=spec, rows=rows: publish_stats(cfg, spec, rows))
-            counts = dict(rows_written=sum(n for _, _, n in changed), quality_ms=gate.ms if gate else None)
+            counts = dict(rows_written=sum(n for _, _, n, _ in changed), quality_ms=gate.ms if gate else None)
             key = {TXN: {"app": batch_key(ctx), "version": ctx.batch_id}}
             with commit_metadata(batch.sparkSession, {**lineage, **key}):
                 committed = self.commit(ctx, counts, *writes, gate.record if gate else None)
             self.stale_behind = False
             return committed
         finally:
-            for _, rows, _ in changed:
+            for _, rows, _, _ in changed:
                 rows.unpersist()
             batch.unpersist()
 
@@ -240,6 +239,16 @@ class GoldBatch(MicroBatch):
     def live(spec: GoldTable, rows: DataFrame) -> DataFrame:
         """The rows the gate checks: sessions' `merged` notices are deletions, not rows."""
         return rows if spec.windowed else rows.where("status <> 'merged'")
+
+    @staticmethod
+    def sizes(spec: GoldTable, rows: DataFrame) -> tuple[int, int]:
+        """The table's changed rows and its live ones (the gate's row count), in one Spark job
+        (the gate would otherwise count the live sessions again)."""
+        if spec.windowed:
+            n = rows.count()
+            return n, n
+        r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.col("status") != "merged").alias("live")).first()
+        return r["n"], r["live"]
 
 
 def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
