@@ -47,6 +47,7 @@ from silver.transform import FRONTIER
 
 EVENT, SESSION = "event", "session"        # the two kinds of row a gold micro-batch hands over
 INPUT_METRICS = "gold_input"
+LIVE_SESSION = "status <> 'merged'"      # sessions' `merged` notices are deletions, not rows
 
 
 def output_schema(spark, cfg, spec: GoldTable, silver_schema):
@@ -119,8 +120,7 @@ def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_
     its joins. `close_behind`: also close the table's rows the watermark passed that the batch
     does not carry (see _merge_once)."""
     if live_files(spark, path) == 0:
-        rows = updates if spec.windowed else updates.where("status <> 'merged'")
-        idempotent_append(rows, path, batch_key(ctx), ctx.batch_id, ctx.lineage, ctx.replay)
+        idempotent_append(live_rows(spec, updates), path, batch_key(ctx), ctx.batch_id, ctx.lineage, ctx.replay)
         return
     # The commit's metadata (lineage and key) is the batch's session conf, set by the caller
     # for every table at once: MERGE has no writer option, and one session conf set per table
@@ -211,7 +211,7 @@ class GoldBatch(MicroBatch):
                     continue
                 rows = self.updates(spec, batch, watermark).persist()
                 changed.append((spec, rows, *self.sizes(spec, rows)))
-            gated = [(self.gates[spec.table], T.quality_view(self.live(spec, rows), cfg.profile.dimension), live)
+            gated = [(self.gates[spec.table], T.quality_view(live_rows(spec, rows), cfg.profile.dimension), live)
                      for spec, rows, n, live in changed if live and spec.table in self.gates]
             gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
                                  lineage, ctx.replay) if gated else None)
@@ -236,19 +236,19 @@ class GoldBatch(MicroBatch):
             batch.unpersist()
 
     @staticmethod
-    def live(spec: GoldTable, rows: DataFrame) -> DataFrame:
-        """The rows the gate checks: sessions' `merged` notices are deletions, not rows."""
-        return rows if spec.windowed else rows.where("status <> 'merged'")
-
-    @staticmethod
     def sizes(spec: GoldTable, rows: DataFrame) -> tuple[int, int]:
         """The table's changed rows and its live ones (the gate's row count), in one Spark job
         (the gate would otherwise count the live sessions again)."""
         if spec.windowed:
             n = rows.count()
             return n, n
-        r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.col("status") != "merged").alias("live")).first()
+        r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE_SESSION)).alias("live")).first()
         return r["n"], r["live"]
+
+
+def live_rows(spec: GoldTable, rows: DataFrame) -> DataFrame:
+    """The rows a gold table holds of an update: the gate checks these, a first write appends them."""
+    return rows if spec.windowed else rows.where(LIVE_SESSION)
 
 
 def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:
