@@ -264,27 +264,13 @@ def conflicts() -> tuple[type, ...]:
 
 
 @contextmanager
-def session_settings(session, settings: dict[str, str]):
-    """Spark settings for what runs inside, on `session` only; the values before are restored.
-    Pass a micro-batch's own session (see commit_metadata)."""
-    before = {key: session.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        session.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                session.conf.unset(key)
-            else:
-                session.conf.set(key, value)
-
-
-@contextmanager
 def commit_metadata(session, metadata: dict):
     """Commits made inside (MERGE has no writer option) carry `metadata` as user metadata.
 
     Pass the micro-batch's own session (batch_df.sparkSession): each streaming query runs on a
     clone of the job's session, so concurrent queries do not see each other's setting."""
-    with session_settings(session, {USER_METADATA_CONF: to_user_metadata(metadata)}):
+    session.conf.set(USER_METADATA_CONF, to_user_metadata(metadata))
+    try:
         yield
+    finally:
+        session.conf.unset(USER_METADATA_CONF)

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import (TXN, appended, commit_metadata, ensure_table, idempotent_append, last_lineage, live_files,
-                          retry_on_conflict, session_settings)
+                          retry_on_conflict)
 from common.lineage import checkpoint_query_id, read_nothing
 from common.batch import BatchContext, MicroBatch, together
 from common.quality import QualityGate, check_tables, load_suites
@@ -48,13 +48,6 @@ from silver.transform import FRONTIER
 EVENT, SESSION = "event", "session"        # the two kinds of row a gold micro-batch hands over
 INPUT_METRICS = "gold_input"
 LIVE_SESSION = "status <> 'merged'"      # sessions' `merged` notices are deletions, not rows
-# A MERGE reads its source twice, to find the files it touches and then to write them, so Delta
-# first copies a source it cannot trust to give the same rows twice into the block store, its
-# lineage cut (a local checkpoint): a Spark job and a second copy per table per batch. Gold's
-# update rows are such a copy already (GoldBatch.write pins them once for the sizes, the gate
-# and the MERGE), and the rest of the source is the target's own snapshot, so Delta's copy is
-# skipped. (Delta refuses a source that is merely cached: a cache can be recomputed.)
-MERGE_SETTINGS = {"spark.databricks.delta.merge.materializeSource": "none"}
 
 
 def output_schema(spark, cfg, spec: GoldTable, silver_schema):
@@ -147,10 +140,7 @@ def _merge_once(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, wate
         # would make the MERGE join (and rewrite) the whole table every batch: this way it
         # rewrites only the files holding a changed row, and finding the rows to close skips
         # files by their stats.
-        # A read of its own: the target's plan reused in the source would share its column ids,
-        # which an unmaterialized MERGE source cannot.
-        current = DeltaTable.forPath(spark, path).toDF()
-        closing = (spec.behind_watermark(current, cfg, watermark_ms).alias("t")
+        closing = (spec.behind_watermark(target.toDF(), cfg, watermark_ms).alias("t")
                    .join(updates.alias("s"), F.expr(cond), "left_anti"))
         source = updates.unionByName(closing)
     m = target.alias("t").merge(source.alias("s"), cond)
@@ -219,7 +209,7 @@ class GoldBatch(MicroBatch):
             for spec in self.tables:
                 if self.written(spec, ctx):
                     continue
-                rows = pinned(self.updates(spec, batch, watermark))
+                rows = self.updates(spec, batch, watermark).persist()
                 changed.append((spec, rows, *self.sizes(spec, rows)))
             gated = [(self.gates[spec.table], T.quality_view(live_rows(spec, rows), cfg.profile.dimension), live)
                      for spec, rows, n, live in changed if live and spec.table in self.gates]
@@ -236,14 +226,13 @@ class GoldBatch(MicroBatch):
                     writes.append(lambda spec=spec, rows=rows: publish_stats(cfg, spec, rows))
             counts = dict(rows_written=sum(n for _, _, n, _ in changed), quality_ms=gate.ms if gate else None)
             key = {TXN: {"app": batch_key(ctx), "version": ctx.batch_id}}
-            with commit_metadata(batch.sparkSession, {**lineage, **key}), \
-                    session_settings(batch.sparkSession, MERGE_SETTINGS):
+            with commit_metadata(batch.sparkSession, {**lineage, **key}):
                 committed = self.commit(ctx, counts, *writes, gate.record if gate else None)
             self.stale_behind = False
             return committed
         finally:
             for _, rows, _, _ in changed:
-                release(rows)
+                rows.unpersist()
             batch.unpersist()
 
     @staticmethod
@@ -255,18 +244,6 @@ class GoldBatch(MicroBatch):
             return n, n
         r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE_SESSION)).alias("live")).first()
         return r["n"], r["live"]
-
-
-def pinned(rows: DataFrame) -> DataFrame:
-    """The rows computed once into the block store with their lineage cut (a local checkpoint),
-    as Delta's MERGE would copy them: nothing can compute them again, differently. Drop them
-    with release()."""
-    return rows.localCheckpoint(eager=True)
-
-
-def release(rows: DataFrame) -> None:
-    """Free a pinned() frame's blocks now, not when the JVM's garbage collector finds it."""
-    rows._jdf.queryExecution().analyzed().rdd().unpersist(False)
 
 
 def live_rows(spec: GoldTable, rows: DataFrame) -> DataFrame:
