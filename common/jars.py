@@ -8,7 +8,9 @@ from common.errors import JobError
 from common.config import REPO_ROOT
 
 JAR_CACHE = REPO_ROOT / ".cache" / "jars"
+UNSIGNED = JAR_CACHE / "unsigned"
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
+_SIGNATURE = re.compile(r"^META-INF/[^/]+\.(SF|RSA|DSA|EC)$", re.IGNORECASE)
 
 
 class MissingJarsError(JobError):
@@ -38,6 +40,49 @@ def spark_extra_jars() -> list[str]:
     shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     return [str(j) for j in _require(JAR_CACHE / "spark", "Spark (Delta/Kafka)")
             if _artifact(j) not in shipped]
+
+
+def _pyspark_jars() -> list[Path]:
+    import pyspark
+
+    return sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+
+
+def unsigned_jars() -> list[str]:
+    """The unsigned copies of pyspark's signed jars (janino and commons-compiler, Spark's code
+    generator), for the front of the driver's classpath. The class archive (common/class_archive.py)
+    cannot hold a class from a signed jar: every driver JVM loaded and verified their ~370
+    classes from the jars. A copy is used only while pyspark ships a jar of its exact name."""
+    shipped = {j.name for j in _pyspark_jars()}
+    return [str(j) for j in sorted(UNSIGNED.glob("*.jar")) if j.name in shipped]
+
+
+def make_unsigned_copies() -> list[Path]:
+    """Copy each signed jar pyspark ships without its signature files (make setup, before the
+    class archive is built); copies of jars pyspark no longer ships are removed. Idempotent."""
+    import zipfile
+
+    UNSIGNED.mkdir(parents=True, exist_ok=True)
+    made = []
+    for jar in _pyspark_jars():
+        target = UNSIGNED / jar.name
+        with zipfile.ZipFile(jar) as signed:
+            entries = signed.infolist()
+            if not any(_SIGNATURE.match(e.filename) for e in entries):
+                continue
+            made.append(target)
+            if target.is_file() and target.stat().st_mtime >= jar.stat().st_mtime:
+                continue
+            partial = target.with_name(target.name + ".partial")
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as copy:
+                for entry in entries:
+                    if not _SIGNATURE.match(entry.filename):
+                        copy.writestr(entry, signed.read(entry.filename))
+            partial.replace(target)     # a JVM starting now sees the whole copy or none
+    for old in UNSIGNED.glob("*.jar"):
+        if old not in made:
+            old.unlink()
+    return made
 
 
 def s3a_jars() -> list[str]:

@@ -62,6 +62,15 @@ class ArchiveError(LakehouseError, RuntimeError):
 
 
 def build(force: bool = False) -> Path:
+    import zipfile
+
+    from common.jars import make_unsigned_copies
+
+    try:
+        make_unsigned_copies()        # they are on the classpath the archive is valid for
+    except (OSError, zipfile.BadZipFile) as e:   # an optimisation too: the signed jars still work
+        logger.warning(f"class archive: no unsigned copies of pyspark's signed jars ({e}); "
+                       "the archive will not hold their classes")
     path = archive_path()
     if path.is_file() and not force:
         return path

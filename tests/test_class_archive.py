@@ -26,3 +26,37 @@ def test_the_archive_is_named_for_its_jvm_and_classpath_and_can_be_turned_off(en
     assert "SharedArchiveFile" not in off and off.startswith("-Duser.timezone=UTC")
     assert spark_conf(load_config(env=env))["spark.driver.extraClassPath"] == class_archive.driver_class_path()
     assert class_archive.archive_path().name.startswith("driver-")
+
+
+def test_the_code_generator_is_loaded_unsigned_so_the_archive_holds_it(spark):
+    """CDS skips every class of a signed jar, and pyspark's janino and commons-compiler are
+    signed: each JVM loaded and verified their ~370 classes from the jars. The driver's
+    classpath starts with unsigned copies, so their classes are defined from those."""
+    from common.jars import UNSIGNED
+
+    for name in ("org.codehaus.janino.SimpleCompiler", "org.codehaus.commons.compiler.CompileException"):
+        cls = spark._jvm.java.lang.Class.forName(name)
+        assert cls.getSigners() is None, name
+        jar = cls.getProtectionDomain().getCodeSource().getLocation().getPath()
+        assert jar.startswith(str(UNSIGNED) + "/"), (name, jar)
+
+
+def test_unsigned_copies_hold_every_entry_of_the_signed_jar_but_its_signature():
+    import zipfile
+    from pathlib import Path
+
+    import pyspark
+
+    from common.jars import make_unsigned_copies, unsigned_jars
+
+    shipped = Path(pyspark.__file__).parent / "jars"
+    made = make_unsigned_copies()          # idempotent: setup made them already
+    assert {p.name for p in made} >= {j.name for j in shipped.glob("janino-*.jar")}
+    assert unsigned_jars() == [str(p) for p in sorted(made)]
+    for copy in made:
+        with zipfile.ZipFile(shipped / copy.name) as signed, zipfile.ZipFile(copy) as plain:
+            signature = {n for n in signed.namelist()
+                         if n.startswith("META-INF/") and n.rsplit(".", 1)[-1] in ("SF", "RSA", "DSA", "EC")}
+            assert signature, f"{copy.name} was not signed"
+            assert set(plain.namelist()) == set(signed.namelist()) - signature
+            assert all(plain.read(n) == signed.read(n) for n in plain.namelist())
