@@ -129,6 +129,13 @@ Where the time goes is fixed costs, not rows:
   it closed. A fresh gold table's first batch is an append, not a MERGE.
 - The JIT is a large share of the CPU in a short-lived JVM. C1-only (`spark.jit: c1`) saves CPU
   but not wall time in a long process; `auto` keeps C1 for available-now runs.
+- The class archive (`common/class_archive.py`) cannot hold a class of a signed jar, and pyspark
+  ships Spark's code generator (janino, commons-compiler) signed: every JVM read and verified
+  those ~370 classes from the jars. Setup puts unsigned copies first on the driver's classpath;
+  alternated in one hour, a fresh 20,000-event `run-all` went from 27.4 / 28.5 s to 26.2 /
+  26.6 s and a 1M-event incremental one from 31.1 / 30.9 s to 29.1 / 30.1 s. Training the
+  archive on a second, incremental run as well (the ~250 classes MERGE and data skipping load)
+  measured no gain and was dropped.
 - The baseline (g) pays none of: MERGE, gates, accounting, lineage, quarantine, sessions' MERGE.
 - The driver JVM does most of the work: a 20,000-event `run-all` used about 43 s of JVM CPU
   against the baseline's 24 s over the same files, and about 4 s of Python (foreachBatch code,
