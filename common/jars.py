@@ -29,23 +29,21 @@ def _require(folder: Path, what: str) -> list[Path]:
     return jars
 
 
+def _pyspark_jars() -> list[Path]:
+    import pyspark
+
+    return sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+
+
 def spark_extra_jars() -> list[str]:
     """Delta + Kafka connector jars, minus artifacts pyspark already ships.
 
     Maven's runtime closure also brings older copies of jackson, hadoop, parquet, scala...;
     two versions of one artifact on the classpath break Spark, so pyspark's copy wins.
     """
-    import pyspark
-
-    shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    shipped = {_artifact(j) for j in _pyspark_jars()}
     return [str(j) for j in _require(JAR_CACHE / "spark", "Spark (Delta/Kafka)")
             if _artifact(j) not in shipped]
-
-
-def _pyspark_jars() -> list[Path]:
-    import pyspark
-
-    return sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
 
 
 def unsigned_jars() -> list[str]:
@@ -87,9 +85,7 @@ def make_unsigned_copies() -> list[Path]:
 
 def s3a_jars() -> list[str]:
     """hadoop-aws and the AWS SDK bundle, for sessions whose paths are s3a:// only."""
-    import pyspark
-
-    shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    shipped = {_artifact(j) for j in _pyspark_jars()}
     return [str(j) for j in _require(JAR_CACHE / "s3a", "s3a (hadoop-aws)") if _artifact(j) not in shipped]
 
 
