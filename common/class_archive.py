@@ -52,7 +52,9 @@ def archive_path() -> Path:
     """Where the archive for this JVM and classpath lives (it may not exist)."""
     import pyspark
 
-    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    from common.jars import pyspark_jars
+
+    jars = [p.name for p in pyspark_jars()]
     # The JVM refuses an archive once a jar on its classpath is rewritten (setup re-fetches or
     # rebuilds them under the same names), so the name carries each jar's size and time too.
     stamps = [_stamp(j) for j in driver_class_path().split(":") if j]

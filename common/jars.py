@@ -1,6 +1,7 @@
 """The JVM jars Maven fetched at setup (.cache/jars), as Spark and the Kafka broker need them."""
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -29,10 +30,12 @@ def _require(folder: Path, what: str) -> list[Path]:
     return jars
 
 
-def _pyspark_jars() -> list[Path]:
+@functools.cache
+def pyspark_jars() -> tuple[Path, ...]:
+    """The jars pyspark ships (they do not change while a process runs)."""
     import pyspark
 
-    return sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    return tuple(sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar")))
 
 
 def spark_extra_jars() -> list[str]:
@@ -41,7 +44,7 @@ def spark_extra_jars() -> list[str]:
     Maven's runtime closure also brings older copies of jackson, hadoop, parquet, scala...;
     two versions of one artifact on the classpath break Spark, so pyspark's copy wins.
     """
-    shipped = {_artifact(j) for j in _pyspark_jars()}
+    shipped = {_artifact(j) for j in pyspark_jars()}
     return [str(j) for j in _require(JAR_CACHE / "spark", "Spark (Delta/Kafka)")
             if _artifact(j) not in shipped]
 
@@ -51,7 +54,7 @@ def unsigned_jars() -> list[str]:
     generator), for the front of the driver's classpath. The class archive (common/class_archive.py)
     cannot hold a class from a signed jar: every driver JVM loaded and verified their ~370
     classes from the jars. A copy is used only while pyspark ships a jar of its exact name."""
-    shipped = {j.name for j in _pyspark_jars()}
+    shipped = {j.name for j in pyspark_jars()}
     return [str(j) for j in sorted(UNSIGNED.glob("*.jar")) if j.name in shipped]
 
 
@@ -62,7 +65,7 @@ def make_unsigned_copies() -> list[Path]:
 
     UNSIGNED.mkdir(parents=True, exist_ok=True)
     made = []
-    for jar in _pyspark_jars():
+    for jar in pyspark_jars():
         target = UNSIGNED / jar.name
         with zipfile.ZipFile(jar) as signed:
             entries = signed.infolist()
@@ -85,7 +88,7 @@ def make_unsigned_copies() -> list[Path]:
 
 def s3a_jars() -> list[str]:
     """hadoop-aws and the AWS SDK bundle, for sessions whose paths are s3a:// only."""
-    shipped = {_artifact(j) for j in _pyspark_jars()}
+    shipped = {_artifact(j) for j in pyspark_jars()}
     return [str(j) for j in _require(JAR_CACHE / "s3a", "s3a (hadoop-aws)") if _artifact(j) not in shipped]
 
 
