@@ -10,7 +10,8 @@ import logging
 import sys
 
 from common.config import load_config
-from common.delta import ensure_table
+from common.catalog import register_table
+from common.delta import ensure_table, retention_properties
 from common.errors import JobError, command
 from common.lineage import PIPELINE, to_user_metadata
 from common.log import configure, fields
@@ -20,14 +21,16 @@ log = logging.getLogger(__spec__.name)   # not "__main__" under python -m silver
 
 
 def schema(cfg) -> str:
+    # No NOT NULL on the key: a table created by a write has nullable columns (Spark's rule), and
+    # the load drops rows without a key, which no event could join anyway. (Tables created
+    # before the one-commit load below keep the constraint they were created with.)
     dim = cfg.profile.dimension
-    return ", ".join([f"{dim.key} STRING NOT NULL", *(f"{c} STRING" for c in dim.columns)])
+    return ", ".join(f"{c} STRING" for c in (dim.key, *dim.columns))
 
 
 def read_csv(spark, path, cfg):
     # Every column stays a string: zip "02108" is Boston, not 2108.
-    ddl = schema(cfg).replace(" NOT NULL", "")
-    return spark.read.option("header", True).schema(ddl).csv(str(path))
+    return spark.read.option("header", True).schema(schema(cfg)).csv(str(path))
 
 
 def seed(spark, cfg, csv_path=None) -> int:
@@ -46,12 +49,23 @@ def _load(spark, cfg, csv_path=None) -> str:
     if not path.is_file():
         raise JobError(f"{dim.table} file {path} not found "
                        "(run `make generate`, or set REFERENCE_DIR)")
-    table = ensure_table(spark, cfg, "silver", dim.table, _parse_datatype_string(schema(cfg)))
+    table = cfg.table_path("silver", dim.table)
+    fresh = not is_delta_table(table)
+    if not fresh:
+        ensure_table(spark, cfg, "silver", dim.table, _parse_datatype_string(schema(cfg)))
     rows = read_csv(spark, path, cfg).where(f"{dim.key} IS NOT NULL").dropDuplicates([dim.key])
     # Tagged so history and audits tell a reference load from an edit made by hand.
-    (rows.write.format("delta").mode("overwrite")
-     .option("userMetadata", to_user_metadata({"pipeline": PIPELINE, "made_by": f"seed-locations {path}"}))
-     .save(table))
+    writer = (rows.write.format("delta").mode("overwrite")
+              .option("userMetadata", to_user_metadata({"pipeline": PIPELINE, "made_by": f"seed-locations {path}"})))
+    if fresh:
+        # A first load creates the table with its rows and properties in one commit (an empty
+        # table first, then the rows, was two commits and two log replays on every fresh
+        # lakehouse's path to silver's first batch).
+        for key, value in retention_properties(cfg).items():
+            writer = writer.option(key, value)
+    writer.save(table)
+    if fresh:
+        register_table(spark, cfg, "silver", dim.table)
     return table
 
 

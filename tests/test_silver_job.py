@@ -439,6 +439,24 @@ def test_a_fail_rule_stops_the_query_and_the_batch_is_replayed_after_the_fix(spa
 
 # --- device locations ----------------------------------------------------------------------
 
+def test_a_first_seed_creates_the_table_in_one_commit_and_a_reseed_replaces_its_rows(spark, cfg, tmp_path):
+    path = cfg.table_path("silver", "device_locations")
+    first = write_locations(tmp_path / "first.csv", [*KNOWN, ("", "99999", "Nowhere", "NA")])
+    assert seed(spark, cfg, first) == len(KNOWN)        # a row without a key is not loaded
+    history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
+    assert [(h.version, h.operation) for h in history] == [(0, "WRITE")]
+    assert json.loads(history[0].userMetadata)["made_by"] == f"seed-locations {first}"
+    # The lakehouse's retention and compaction properties come with that one commit.
+    props = common_delta.table_properties(spark, path)
+    assert {k: props.get(k) for k in common_delta.retention_properties(cfg)} == common_delta.retention_properties(cfg)
+
+    assert seed(spark, cfg, write_locations(tmp_path / "second.csv", KNOWN[:2])) == 2
+    history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
+    assert [(h.version, h.operation) for h in history] == [(0, "WRITE"), (1, "WRITE")]
+    assert sorted(r.device_id for r in spark.read.format("delta").load(path).collect()) == [k for k, *_ in KNOWN[:2]]
+    assert DeltaTable.forPath(spark, path).history(1).first().userMetadata.count("second.csv") == 1
+
+
 def test_a_locations_update_applies_to_later_batches_of_a_running_query(spark, cfg, env, tmp_path):
     live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second"})
     write_locations(live.locations_csv)
