@@ -78,6 +78,7 @@ class SparkConf(Spec):
     log_level: Str
     ui_enabled: Bool
     jit: one_of("auto", "c1", "tiered")
+    gc: one_of("auto", "parallel", "g1")
     class_archive: Bool
 
 

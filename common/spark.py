@@ -23,16 +23,19 @@ LOCAL_FS_CONTEXT = "localfs.NioLocalFs"
 
 # C1 only, with a code cache large enough that C1 never fills it and switches the JIT off mid-run.
 C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+PARALLEL_GC = "-XX:+UseParallelGC"
 
 
 def jvm_options(cfg: Config, archive: bool = True) -> str:
-    """Driver JVM flags: UTC, the JIT that suits how long the run lasts (conf spark.jit), and the
-    class archive `make setup` built (conf spark.class_archive)."""
-    jit = cfg.spark.jit
-    if jit == "auto":
-        jit = "c1" if cfg.streaming.trigger == "available-now" else "tiered"
+    """Driver JVM flags: UTC, the JIT and the garbage collector that suit how long the run lasts
+    (conf spark.jit, spark.gc), and the class archive `make setup` built (conf
+    spark.class_archive). The archive maps under either collector."""
+    short = cfg.streaming.trigger == "available-now"
+    jit = cfg.spark.jit if cfg.spark.jit != "auto" else ("c1" if short else "tiered")
+    gc = cfg.spark.gc if cfg.spark.gc != "auto" else ("parallel" if short else "g1")
     cds = class_archive.driver_options(archive and cfg.spark.class_archive)
-    return " ".join(o for o in ("-Duser.timezone=UTC", LOG_CONFIG, C1_ONLY if jit == "c1" else "", cds) if o)
+    return " ".join(o for o in ("-Duser.timezone=UTC", LOG_CONFIG, C1_ONLY if jit == "c1" else "",
+                                PARALLEL_GC if gc == "parallel" else "", cds) if o)
 
 
 def object_store_conf(cfg: Config) -> dict[str, str]:

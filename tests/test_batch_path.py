@@ -79,10 +79,10 @@ def test_a_no_data_batch_is_one_whose_offsets_did_not_move(tmp_path):
     assert [read_nothing(str(tmp_path), b) for b in range(4)] == [False, False, True, False]
 
 
-def test_the_jit_follows_how_long_the_run_lasts(env):
-    from common.spark import C1_ONLY, jvm_options
+def test_the_jit_and_the_collector_follow_how_long_the_run_lasts(env):
+    from common.spark import C1_ONLY, PARALLEL_GC, jvm_options
 
-    base = {k: v for k, v in env.items() if k != "LAKEHOUSE__SPARK__JIT"}
+    base = {k: v for k, v in env.items() if k not in ("LAKEHOUSE__SPARK__JIT", "LAKEHOUSE__SPARK__GC")}
 
     def options(**extra):
         return jvm_options(load_config(env={**base, **extra}))
@@ -92,6 +92,12 @@ def test_the_jit_follows_how_long_the_run_lasts(env):
     assert C1_ONLY in options(TRIGGER="processing-time", LAKEHOUSE__SPARK__JIT="c1")
     assert C1_ONLY not in options(TRIGGER="available-now", LAKEHOUSE__SPARK__JIT="tiered")
     assert all(o.startswith("-Duser.timezone=UTC") for o in (options(), options(LAKEHOUSE__SPARK__JIT="c1")))
+    # G1 (the JVM's default, no flag) for a pipeline that runs for hours; the throughput collector
+    # for a run of minutes, or when conf asks for it.
+    assert PARALLEL_GC in options(TRIGGER="available-now")
+    assert PARALLEL_GC not in options(TRIGGER="processing-time")
+    assert PARALLEL_GC in options(TRIGGER="processing-time", LAKEHOUSE__SPARK__GC="parallel")
+    assert PARALLEL_GC not in options(TRIGGER="available-now", LAKEHOUSE__SPARK__GC="g1")
 
 
 def test_state_stores_snapshot_every_commit_only_in_available_now_runs(env):
