@@ -138,8 +138,13 @@ def summary_line(r: dict) -> str:
     parts = []
     c, t = r.get("ceiling"), r.get("throughput")
     parts.append(f"ceiling {_n(c['events_per_s'])} ev/s ({c.get('method', 'binary_file')})" if c else "ceiling -")
-    parts.append(f"end-to-end {_n(t['end_to_end_events_per_s'])} ev/s = {t.get('end_to_end_vs_ceiling')}x "
-                 f"ceiling ({_mark(v['end_to_end'])})" if t else "end-to-end -")
+    if t:
+        # Without (a) in the run there is no ceiling to divide by: the rate alone, not "Nonex".
+        ratio = (f" = {t['end_to_end_vs_ceiling']}x ceiling" if t.get("end_to_end_vs_ceiling") is not None
+                 else "")
+        parts.append(f"end-to-end {_n(t['end_to_end_events_per_s'])} ev/s{ratio} ({_mark(v['end_to_end'])})")
+    else:
+        parts.append("end-to-end -")
     i = r.get("incremental")
     parts.append(f"incremental {i['ratio_wall']}x recompute ({_mark(v['incremental'])})" if i else "incremental -")
     lat = r.get("latency")

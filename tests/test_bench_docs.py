@@ -179,3 +179,14 @@ def test_page_without_any_run(tmp_path):
     for key in summary.TARGETS:
         assert summary.TARGETS[key] in page
     assert "| figure | value | target |" not in page
+
+
+def test_a_run_without_the_ceiling_gives_its_rate_alone(bench_run):
+    """bench.run --only b (no (a)): there is no ceiling to divide the end-to-end rate by."""
+    record, _, _ = bench_run
+    record = json.loads(json.dumps(record))
+    record.pop("ceiling", None)
+    record["throughput"]["end_to_end_vs_ceiling"] = None
+    line = summary.summary_line(record)
+    assert "ceiling -" in line and "None" not in line
+    assert f"end-to-end {summary._n(record['throughput']['end_to_end_events_per_s'])} ev/s (" in line
