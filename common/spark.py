@@ -108,6 +108,14 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # (auto-compaction), so one task does it (Delta's default is 50; measured in
         # docs/benchmark.md, "Reading the figures").
         "spark.databricks.delta.snapshotPartitions": "1",
+        # A scan is cut into pieces of at most this size, or of the input / spark.default.parallelism
+        # if that is smaller. With Spark's 128 MB, a 1M-event batch (290 MB of landing files)
+        # became 3 tasks on 2 cores: two ran side by side, the third alone after them, in bronze
+        # and again in silver, which reads bronze's three files (its longest stage: 26 s, of which
+        # 11 s on one core). 256 MB gives one piece per core up to 512 MB, and changes nothing
+        # for batches under 256 MB. Fresh 1M run-all, three pairs alternated in one (slow) hour:
+        # 123.5 / 114.5 / 111.4 s before, 114.4 / 107.0 / 104.7 s after.
+        "spark.sql.files.maxPartitionBytes": "256m",
         "spark.sql.adaptive.enabled": "true",
         # Silver and gold cache each micro-batch to count it and write it. Compressing the cached
         # columns (stats for dictionary/run-length encodings on every value) was 9% of a 200k

@@ -100,6 +100,24 @@ def test_the_jit_and_the_collector_follow_how_long_the_run_lasts(env):
     assert PARALLEL_GC not in options(TRIGGER="available-now", LAKEHOUSE__SPARK__GC="g1")
 
 
+def test_a_batch_of_up_to_twice_256_mb_of_files_is_one_task_per_core(spark, tmp_path):
+    """Six landing files of 50 MB (sparse: only their sizes matter to the planner). Spark's 128 MB
+    pieces made 3 tasks of them on 2 cores, the third run alone after the other two; the
+    session's setting makes them one per core, as a 1M-event batch is."""
+    for i in range(6):
+        with open(tmp_path / f"part-{i}.jsonl", "wb") as f:
+            f.truncate(50 << 20)
+    cores = int(spark.conf.get("spark.default.parallelism"))
+    scan = spark.read.format("binaryFile").load(str(tmp_path))
+    assert scan.rdd.getNumPartitions() == cores == 2
+    ours = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "128m")     # Spark's default, for contrast
+    try:
+        assert spark.read.format("binaryFile").load(str(tmp_path)).rdd.getNumPartitions() == 3
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", ours)
+
+
 def test_state_stores_snapshot_every_commit_only_in_available_now_runs(env):
     from common.spark import spark_conf
 
