@@ -61,7 +61,7 @@ def ensure_tables(spark, cfg, dimension: bool = True) -> None:
 
 def seed_dimension(spark, cfg) -> None:
     """The profile's dimension table, loaded on the first run (the longest of silver's set-up:
-    a CSV read and two commits). It needs no other table, so the runner starts it at once."""
+    a CSV read and a commit). It needs no other table, so the runner starts it at once."""
     if cfg.profile.dimension:
         ensure_seeded(spark, cfg)
 

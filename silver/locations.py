@@ -61,8 +61,7 @@ def _load(spark, cfg, csv_path=None) -> str:
         # A first load creates the table with its rows and properties in one commit (an empty
         # table first, then the rows, was two commits and two log replays on every fresh
         # lakehouse's path to silver's first batch).
-        for key, value in retention_properties(cfg).items():
-            writer = writer.option(key, value)
+        writer = writer.options(**retention_properties(cfg))
     writer.save(table)
     if fresh:
         register_table(spark, cfg, "silver", dim.table)
