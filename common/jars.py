@@ -38,15 +38,19 @@ def pyspark_jars() -> tuple[Path, ...]:
     return tuple(sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar")))
 
 
+def _not_shipped(folder: Path, what: str) -> list[str]:
+    """The folder's jars (at least one, or a clear error) whose artifact pyspark does not ship."""
+    shipped = {_artifact(j) for j in pyspark_jars()}
+    return [str(j) for j in _require(folder, what) if _artifact(j) not in shipped]
+
+
 def spark_extra_jars() -> list[str]:
     """Delta + Kafka connector jars, minus artifacts pyspark already ships.
 
     Maven's runtime closure also brings older copies of jackson, hadoop, parquet, scala...;
     two versions of one artifact on the classpath break Spark, so pyspark's copy wins.
     """
-    shipped = {_artifact(j) for j in pyspark_jars()}
-    return [str(j) for j in _require(JAR_CACHE / "spark", "Spark (Delta/Kafka)")
-            if _artifact(j) not in shipped]
+    return _not_shipped(JAR_CACHE / "spark", "Spark (Delta/Kafka)")
 
 
 def unsigned_jars() -> list[str]:
@@ -88,8 +92,7 @@ def make_unsigned_copies() -> list[Path]:
 
 def s3a_jars() -> list[str]:
     """hadoop-aws and the AWS SDK bundle, for sessions whose paths are s3a:// only."""
-    shipped = {_artifact(j) for j in pyspark_jars()}
-    return [str(j) for j in _require(JAR_CACHE / "s3a", "s3a (hadoop-aws)") if _artifact(j) not in shipped]
+    return _not_shipped(JAR_CACHE / "s3a", "s3a (hadoop-aws)")
 
 
 def s3proxy_jar() -> str:
