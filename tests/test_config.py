@@ -99,3 +99,20 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+
+def test_each_layer_triggers_on_its_own_interval_unless_one_is_given_for_all():
+    from common.streaming import interval, trigger
+
+    def seconds(cfg):
+        return [interval(cfg, layer).seconds for layer in ("bronze", "silver", "gold")]
+
+    live = load_config(env=clean_env(TRIGGER="processing-time"))
+    # Bronze gathers landing files; silver and gold start as soon as there is something new.
+    assert seconds(live) == [5, 1, 1]
+    assert trigger(live, "gold") == {"processingTime": interval(live, "gold").spark()}
+    assert seconds(load_config(env=clean_env(TRIGGER="processing-time", TRIGGER_INTERVAL="3 seconds"))) == [3, 3, 3]
+    own = load_config(env=clean_env(TRIGGER="processing-time", LAKEHOUSE__STREAMING__GOLD_INTERVAL="30 seconds"))
+    assert seconds(own) == [5, 1, 30]
+    assert trigger(load_config(env=clean_env()), "gold") == {"availableNow": True}
