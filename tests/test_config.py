@@ -101,7 +101,6 @@ def test_bad_durations(text):
         parse_duration(text)
 
 
-
 def test_each_layer_triggers_on_its_own_interval_unless_one_is_given_for_all():
     from common.streaming import interval, trigger
 
