@@ -5,6 +5,10 @@ starts under that decay. Instead /proc is sampled every second, and CPU time use
 outside this bench's process tree (children, grandchildren, their orphaned JVMs) is summed.
 Processes that start and end between two samples are missed, so it is a lower bound. Linux only;
 elsewhere it reports nothing.
+
+`cpu_ticks` and `busy_share` say how busy the whole machine was over a phase (from /proc/stat):
+the streaming phase reports it, since a latency measured on saturated cores is work per event,
+not waiting.
 """
 from __future__ import annotations
 
@@ -79,3 +83,25 @@ class OtherCpu:
     def share(self, wall: float) -> float | None:
         """Other processes' CPU as a share of the machine's capacity over `wall` seconds."""
         return None if self.seconds is None or wall <= 0 else round(self.seconds / (wall * os.cpu_count()), 3)
+
+
+def cpu_ticks(stat: str | None = None) -> tuple[int, int] | None:
+    """(busy, total) CPU ticks of the whole machine so far, from /proc/stat's `cpu` line (or the
+    given text); None where there is no /proc/stat. Idle and iowait are the not-busy ones."""
+    if stat is None:
+        try:
+            stat = Path("/proc/stat").read_text()
+        except OSError:
+            return None
+    fields = [int(x) for x in stat.split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    # guest times are already counted in user and nice
+    total = sum(fields[:8])
+    return total - idle, total
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU capacity in use between two cpu_ticks readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)

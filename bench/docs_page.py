@@ -44,7 +44,8 @@ FIGURES = [
      "that read the file (`bench/latency.py`, from the checkpoints and Delta logs, nothing added to "
      "the product). Reported for `gold.zip_hourly_sightings` and as the max over the three gold "
      "tables; files still not visible at the end count with the time they had waited (lower "
-     "bounds).", "latency"),
+     "bounds). Also how busy the machine's cores were during the feed (`/proc/stat`): near 100%, "
+     "the latency is work per event, not waiting.", "latency"),
     ("e", "bounded state",
      "The same streaming run, whose event time spans 10x the gold watermark; gold state rows (sum "
      "over the three queries, from `ops.query_progress`) first/peak/last and samples; flat if the "

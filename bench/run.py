@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import docs_page, summary
-from bench.contention import OtherCpu
+from bench.contention import OtherCpu, busy_share, cpu_ticks
 from bench.latency import file_latencies, summarize
 from common.errors import LakehouseError
 from common.log import message_of, parseable_env
@@ -287,7 +287,9 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
         if not _wait(gold_log.is_dir, args.startup_timeout, proc, "the gold job to start"):
             raise BenchError(f"gold did not start within {args.startup_timeout} s; see {log_file.name}")
         feeder.start()
+        ticks_at_start = cpu_ticks()
         feeder.join()
+        busy = busy_share(ticks_at_start, cpu_ticks())
         log("(d, e) feed done; waiting for gold to catch up")
 
         def caught_up():
@@ -320,7 +322,8 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
                "files": len(rows), "warmup_s": args.warmup_seconds, "drained": drained,
                "zip_hourly_sightings": summarize(measured, GOLD[0], observed_until),
                "max_over_gold": summarize(measured, "max_over_gold", observed_until),
-               "stages_p50_s": {k: summarize(measured, k)["p50_s"] for k in ("bronze", "silver", *GOLD)}}
+               "stages_p50_s": {k: summarize(measured, k)["p50_s"] for k in ("bronze", "silver", *GOLD)},
+               "cores_busy_during_feed": busy}
     (run_dir / "latency-files.json").write_text(json.dumps(rows, indent=1))
     return latency, {"span_s": span, "multiple": args.watermark_multiple}, cfg
 

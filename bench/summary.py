@@ -80,7 +80,9 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
         out.append((f"(d) landing -> gold.zip_hourly_sightings at {_n(lat['rate_events_per_s'])} events/s",
                     f"p50 {z['p50_s']} s, p95 {z['p95_s']} s ({z['visible']}/{z['files']} files visible"
                     f"{'; the rest counted as waiting until the end, so lower bounds' if z['censored'] else ''}); "
-                    f"max over gold tables: p50 {m['p50_s']} s, p95 {m['p95_s']} s",
+                    f"max over gold tables: p50 {m['p50_s']} s, p95 {m['p95_s']} s"
+                    + (f"; the cores were {lat['cores_busy_during_feed']:.0%} busy during the feed"
+                       if lat.get("cores_busy_during_feed") is not None else ""),
                     f"{TARGETS['latency']}: {_mark(v['latency'])}"))
     s = r.get("state")
     if s:

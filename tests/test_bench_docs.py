@@ -88,7 +88,7 @@ def fake_stream_phase(args, run_dir):
                "files": len(rows), "warmup_s": 0, "drained": True,
                "zip_hourly_sightings": summarize(rows, "zip_hourly_sightings", 200.0),
                "max_over_gold": summarize(rows, "max_over_gold", 200.0),
-               "stages_p50_s": {}}
+               "stages_p50_s": {}, "cores_busy_during_feed": 0.97}
     return latency, {"span_s": 8 * 3600, "multiple": 10}, load_config(env=run.base_env(run_dir / "s"))
 
 
@@ -126,6 +126,7 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert "40.0 s vs 80.0 s = 0.5x" in page
     assert "run-all 100.0 s / baseline 50.0 s = 2.0x" in page
     assert f"p95 {record['latency']['zip_hourly_sightings']['p95_s']} s" in page
+    assert "the cores were 97% busy during the feed" in page
     # Each layer's processing span: first trigger to last batch end.
     assert "2,500 events/s processing (8.0 s)" in page           # bronze
     assert "870 events/s processing (23.0 s)" in page            # silver
@@ -190,3 +191,16 @@ def test_a_run_without_the_ceiling_gives_its_rate_alone(bench_run):
     line = summary.summary_line(record)
     assert "ceiling -" in line and "None" not in line
     assert f"end-to-end {summary._n(record['throughput']['end_to_end_events_per_s'])} ev/s (" in line
+
+
+def test_the_machine_busy_share_comes_from_proc_stat_with_idle_and_iowait_not_busy():
+    from bench.contention import busy_share, cpu_ticks
+
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    before = cpu_ticks("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    after = cpu_ticks("cpu  250 0 100 850 100 0 0 0 0 0\n")
+    assert before == (150, 1000) and after == (350, 1300)
+    assert busy_share(before, after) == round(200 / 300, 3)
+    assert busy_share(None, after) is None and busy_share(after, after) is None
+    busy, total = cpu_ticks()            # this machine's own
+    assert 0 <= busy <= total
