@@ -192,9 +192,10 @@ Where the time goes is fixed costs, not rows:
   every second (a batch as soon as the one before has committed something new); bronze keeps 5 s:
   at 1 s it ran a batch per landing file (215 of 0.65 s median in 5 minutes, against 62). Same
   hour, 5,000 events/s: p50 / p95 38.4 / 51.8, 38.7 / 52.0, 38.2 / 52.2 s with 5/10/30 s;
-  31.7 / 43.9 s with 1/2/5 s; 25.6 / 35.5 and 25.9 / 36.4 s with 5/1/1 s. The two cores are then
-  96-99% busy (/proc/stat over the feed), so what is left is work per event. Where it goes, per
-  thread of the run-all process over a 5-minute feed (443 CPU-s): executor tasks 151, the JIT's
+  31.7 / 43.9 s with 1/2/5 s; 25.6 / 35.5, 25.9 / 36.4 and 26.8 / 38.0 s with 5/1/1 s. The two
+  cores are then 96-99% busy (/proc/stat over the feed), so what is left is work per event. Where
+  it goes, per thread of the run-all process over a 5-minute feed at 5/10/30 s (443 CPU-s; a run
+  at 5/1/1 s, with -XX:CompileThresholdScaling=3, used 608): executor tasks 151, the JIT's
   compiler threads 109 (C2 most, falling from 16 s to 4 s per 30 s as the run warms), stream
   execution 42, py4j threads 36, Python 36, GC 27. C1 alone (conf spark.jit c1) cut compiling to
   12 s but made the tasks 82% slower (275 s): p95 72.7 s. ParallelGC instead of G1: same p95 (52.2
