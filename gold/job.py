@@ -118,7 +118,7 @@ def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_
     Into an empty table (a fresh lakehouse's first batch, the whole of a first available-now
     run) every row is an insert, so an append keyed by the batch does the MERGE's work without
     its joins. `close_behind`: also close the table's rows the watermark passed that the batch
-    does not carry (see _merge_once)."""
+    does not carry (sessions, see _merge_once; a windowed table's `updates` carry them)."""
     if live_files(spark, path) == 0:
         idempotent_append(live_rows(spec, updates), path, batch_key(ctx), ctx.batch_id, ctx.lineage, ctx.replay)
         return
@@ -134,12 +134,11 @@ def _merge_once(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, wate
     target = DeltaTable.forPath(spark, path)
     source = updates
     if close_behind:
-        # Rows this batch did not touch still close as the watermark moves (windows become
-        # final, sessions closed), including what watermark-only batches left: they write
-        # nothing. They go into the source rather than a NOT MATCHED BY SOURCE clause, which
-        # would make the MERGE join (and rewrite) the whole table every batch: this way it
-        # rewrites only the files holding a changed row, and finding the rows to close skips
-        # files by their stats.
+        # Sessions this batch did not touch still close as the watermark moves, including what
+        # watermark-only batches left: they write nothing. They go into the source rather than
+        # a NOT MATCHED BY SOURCE clause, which would make the MERGE join (and rewrite) the
+        # whole table every batch: this way it rewrites only the files holding a changed row,
+        # and finding the rows to close skips files by their stats.
         closing = (spec.behind_watermark(target.toDF(), cfg, watermark_ms).alias("t")
                    .join(updates.alias("s"), F.expr(cond), "left_anti"))
         source = updates.unionByName(closing)
@@ -175,16 +174,17 @@ class GoldBatch(MicroBatch):
         self.stale_behind = True
 
     def updates(self, spec: GoldTable, batch: DataFrame, watermark_ms: int) -> DataFrame:
-        """What the batch changes in one table: each touched window's value after the batch, or
-        the session rows the stateful operator emitted."""
+        """What the batch changes in one table: each touched window's value after the batch and
+        the windows the watermark made final (flagged T.CLOSING), or the session rows the
+        stateful operator emitted."""
         if not spec.windowed:
             return batch.where(F.col(SESSION).isNotNull()).select(f"{SESSION}.*")
         events = batch.where(F.col(EVENT).isNotNull()).select(f"{EVENT}.*")
         part = spec.build(events, self.cfg)
         if live_files(self.spark, self.paths[spec.table]) == 0:
-            full = part
+            full = part.withColumn(T.CLOSING, F.lit(False))
         else:
-            full = spec.combine(part, DeltaTable.forPath(self.spark, self.paths[spec.table]).toDF())
+            full = spec.combine(part, DeltaTable.forPath(self.spark, self.paths[spec.table]).toDF(), watermark_ms)
         return T.with_finalized(full, watermark_ms)
 
     def written(self, spec: GoldTable, ctx: BatchContext) -> bool:
@@ -211,7 +211,7 @@ class GoldBatch(MicroBatch):
                     continue
                 rows = self.updates(spec, batch, watermark).persist()
                 changed.append((spec, rows, *self.sizes(spec, rows)))
-            gated = [(self.gates[spec.table], T.quality_view(live_rows(spec, rows), cfg.profile.dimension), live)
+            gated = [(self.gates[spec.table], T.quality_view(live_rows(spec, touched(rows)), cfg.profile.dimension), live)
                      for spec, rows, n, live in changed if live and spec.table in self.gates]
             gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
                                  lineage, ctx.replay) if gated else None)
@@ -219,11 +219,12 @@ class GoldBatch(MicroBatch):
             for spec, rows, n, _ in changed:
                 if not n:
                     continue
-                close_behind = spec.windowed or self.stale_behind
+                close_behind = not spec.windowed and self.stale_behind
                 writes.append(lambda spec=spec, rows=rows, close_behind=close_behind: merge(
-                    rows.sparkSession, cfg, self.paths[spec.table], spec, rows, watermark, ctx, close_behind))
+                    rows.sparkSession, cfg, self.paths[spec.table], spec, rows.drop(T.CLOSING), watermark, ctx,
+                    close_behind))
                 if spec.publish and cfg.gold.stats_to_kafka:
-                    writes.append(lambda spec=spec, rows=rows: publish_stats(cfg, spec, rows))
+                    writes.append(lambda spec=spec, rows=rows: publish_stats(cfg, spec, touched(rows)))
             counts = dict(rows_written=sum(n for _, _, n, _ in changed), quality_ms=gate.ms if gate else None)
             key = {TXN: {"app": batch_key(ctx), "version": ctx.batch_id}}
             with commit_metadata(batch.sparkSession, {**lineage, **key}):
@@ -237,13 +238,20 @@ class GoldBatch(MicroBatch):
 
     @staticmethod
     def sizes(spec: GoldTable, rows: DataFrame) -> tuple[int, int]:
-        """The table's changed rows and its live ones (the gate's row count), in one Spark job
-        (the gate would otherwise count the live sessions again)."""
+        """The rows the batch's events changed (the windows they touched, the sessions the
+        stateful operator emitted) and the live ones of those (the gate's row count), in one
+        Spark job, which also fills the cache of `rows`."""
         if spec.windowed:
-            n = rows.count()
+            n = rows.agg(F.count_if(~F.col(T.CLOSING)).alias("n")).first()["n"]
             return n, n
         r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE_SESSION)).alias("live")).first()
         return r["n"], r["live"]
+
+
+def touched(rows: DataFrame) -> DataFrame:
+    """The rows of an update the batch's events changed: not the windows it only closes,
+    which the gate has checked and the stats topic has had already (same values)."""
+    return rows.where(~F.col(T.CLOSING)).drop(T.CLOSING) if T.CLOSING in rows.columns else rows
 
 
 def live_rows(spec: GoldTable, rows: DataFrame) -> DataFrame:

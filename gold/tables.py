@@ -27,19 +27,18 @@ class GoldTable:
     publish: tuple | None = None   # (key columns, value column) for gold.stats_to_kafka
     measures: tuple = ()           # windowed: the profile's (name, aggregate expression) pairs
 
-    def combine(self, part, current):
+    def combine(self, part, current, close_at_ms: int | None = None):
         """Windowed: a micro-batch's part of each window it touched (`build` over the batch's
-        events), folded into the table's current rows: those windows' values after the batch."""
-        return T.combine(part, current, self.keys, self.measures)
+        events), folded into the table's current rows: those windows' values after the batch;
+        with `close_at_ms`, and the rows that watermark closes (T.combine)."""
+        return T.combine(part, current, self.keys, self.measures, close_at_ms)
 
     def session_spec(self, cfg) -> S.SessionSpec:
         return _session_spec(self.sessions, cfg)
 
     def behind_watermark(self, table, cfg, watermark_ms: int):
-        """The table's rows the watermark has closed that still say otherwise, corrected
-        (windows marked final, sessions closed)."""
-        if self.windowed:
-            return T.finalizing(table, watermark_ms)
+        """Sessions: the table's rows the watermark has closed that still say open, closed.
+        (A windowed table's come out of `combine`, from the read of the table it makes anyway.)"""
         return S.closing(table, self.session_spec(cfg), watermark_ms)
 
 

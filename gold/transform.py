@@ -128,17 +128,37 @@ def combinable(name: str, expression: str) -> Measure:
     return Measure(name, expression, kind, args)
 
 
-def combine(part: DataFrame, current: DataFrame, keys, measures) -> DataFrame:
+CLOSING = "_closing"      # combine's flag on a table row it returns only for the watermark
+
+
+def combine(part: DataFrame, current: DataFrame, keys, measures, close_at_ms: int | None = None) -> DataFrame:
     """Each window `part` touched, with its value after the batch: `part` (a micro-batch's
-    windowed_aggregate) folded into the table's row for the same key (`current`, the table)."""
+    windowed_aggregate) folded into the table's row for the same key (`current`, the table).
+
+    With `close_at_ms` (the batch's watermark), also the table's rows that watermark makes
+    final that are not marked so yet and that `part` does not touch, as they are, flagged in
+    column CLOSING (the rows of `part` say false there). Found in the same read of the table:
+    a batch that moves the watermark closes windows it brought no event to, and reading the
+    table again for them (in the MERGE's source) cost a second scan of it per batch."""
     cond = [F.col(f"t.`{k}`").eqNullSafe(F.col(f"s.`{k}`")) for k in keys]
-    joined = part.alias("s").join(current.alias("t"), cond, "left")
-    rest = [c for c in part.columns if c not in keys and c not in
-            {col for m in measures for col, _ in combinable(*m).parts}]
-    return joined.select(*[F.col(f"s.`{c}`").alias(c) for c in keys],
-                         *[F.col(f"s.`{c}`").alias(c) for c in rest],
-                         *[c for m in measures for c in combinable(*m).combined("t", "s")]
-                         ).select(*part.columns)
+    stored = {col for m in measures for col, _ in combinable(*m).parts}
+    rest = [c for c in part.columns if c not in keys and c not in stored]
+    folded = [c for m in measures for c in combinable(*m).combined("t", "s")]
+    if close_at_ms is None:
+        joined = part.alias("s").join(current.alias("t"), cond, "left")
+        return joined.select(*[F.col(f"s.`{c}`").alias(c) for c in [*keys, *rest]], *folded).select(*part.columns)
+    # A full join: a left join could broadcast the table, but would need a second one for the
+    # rows the batch did not touch. Whether a row came from the batch is a column of its own,
+    # since group columns may be NULL (unknown zip codes) and a key cannot say.
+    mark = "_in_batch"
+    joined = part.withColumn(mark, F.lit(True)).alias("s").join(current.alias("t"), cond, "full")
+    in_batch = F.col(f"s.{mark}").isNotNull()
+    closing = ~in_batch & ~F.col("t.finalized") & _final(close_at_ms, "t.window_end")
+    # A measure folded with no batch side keeps the table's value (see Measure.combined).
+    return (joined.where(in_batch | closing)
+            .select(*[F.when(in_batch, F.col(f"s.`{c}`")).otherwise(F.col(f"t.`{c}`")).alias(c)
+                      for c in [*keys, *rest]], *folded, (~in_batch).alias(CLOSING))
+            .select(*part.columns, CLOSING))
 
 
 def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
@@ -146,14 +166,8 @@ def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
     return windows.withColumn("finalized", _final(watermark_ms))
 
 
-def finalizing(table: DataFrame, watermark_ms: int) -> DataFrame:
-    """Rows of a windowed gold table that the watermark has made final but that are not marked
-    so yet, marked: batches that only move the watermark write nothing, so the next MERGE does."""
-    return table.where(~F.col("finalized") & _final(watermark_ms)).withColumn("finalized", F.lit(True))
-
-
-def _final(watermark_ms: int):
-    return F.col("window_end") <= F.timestamp_millis(F.lit(watermark_ms))
+def _final(watermark_ms: int, window_end: str = "window_end"):
+    return F.col(window_end) <= F.timestamp_millis(F.lit(watermark_ms))
 
 
 def quality_view(df: DataFrame, dimension=None) -> DataFrame:

@@ -615,6 +615,36 @@ def test_combine_folds_a_batch_into_the_table_row_for_every_measure_kind(spark):
     assert bag(folded, cols) == bag(agg(events).where("k = 'a'"), cols)
 
 
+def test_combine_returns_the_windows_a_watermark_closes_from_the_same_read_of_the_table(spark):
+    """With the batch's watermark, combine also returns the table's rows that watermark makes
+    final and that are not marked so yet, untouched and flagged CLOSING; a row the batch
+    touched is never flagged, final or not, and a NULL group key is a key like any other."""
+    from gold import transform as T
+
+    measures = (("n", "count(1)"),)
+    at = lambda minute: f"2026-01-01 00:{minute:02d}:00"  # noqa: E731
+    table = spark.sql(f"""SELECT * FROM VALUES
+        (timestamp'{at(0)}', timestamp'{at(10)}', 'z1', 4L, false),   -- closes: behind, not final
+        (timestamp'{at(0)}', timestamp'{at(10)}', NULL, 2L, false),   -- closes, NULL zip
+        (timestamp'{at(10)}', timestamp'{at(20)}', 'z1', 3L, true),   -- final already: left alone
+        (timestamp'{at(20)}', timestamp'{at(30)}', 'z1', 5L, false),  -- ahead of the watermark
+        (timestamp'{at(20)}', timestamp'{at(30)}', NULL, 1L, false)   -- touched by the batch
+        AS t(window_start, window_end, zip, n, finalized)""")
+    part = spark.sql(f"""SELECT * FROM VALUES
+        (timestamp'{at(20)}', timestamp'{at(30)}', NULL, 2L),
+        (timestamp'{at(30)}', timestamp'{at(40)}', 'z1', 1L)
+        AS s(window_start, window_end, zip, n)""")
+    watermark_ms = int(spark.sql(f"SELECT unix_millis(timestamp'{at(25)}')").first()[0])
+    got = T.combine(part, table, ("window_start", "zip"), measures, watermark_ms)
+    assert got.columns == [*part.columns, T.CLOSING]
+    rows = {(r.window_start.minute, r.zip): (r.n, r[T.CLOSING]) for r in got.collect()}
+    assert rows == {(0, "z1"): (4, True), (0, None): (2, True),
+                    (20, None): (3, False), (30, "z1"): (1, False)}
+    # Without a watermark: the batch's windows only, as before.
+    assert sorted(T.combine(part, table, ("window_start", "zip"), measures).columns) == sorted(part.columns)
+    assert T.combine(part, table, ("window_start", "zip"), measures).count() == 2
+
+
 def test_measures_that_cannot_be_folded_are_refused(tmp_path):
     """A profile measure gold cannot fold batch by batch is a configuration error at start."""
     from common.config import ConfigError
