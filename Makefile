@@ -28,10 +28,11 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 # pip and Maven fetch side by side (different caches, mostly waiting on the network): a fresh
-# clone's setup is their longer, not their sum. The class archive needs both.
+# clone's setup is their longer, not their sum. The class archive needs both. Their progress
+# goes to stderr: targets that depend on setup print data on stdout (make audit JSON=1).
 setup: ## Create .venv, install pinned Python deps, fetch JVM jars with Maven, build the JVM class archive (idempotent)
-	@$(MAKE) --no-print-directory -j2 fetch
-	@$(PY) -m pipeline.class_archive
+	@$(MAKE) --no-print-directory -j2 fetch >&2
+	@$(PY) -m pipeline.class_archive >&2
 
 fetch: $(PY_STAMP) $(JAR_STAMP)
 	@:
