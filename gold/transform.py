@@ -146,19 +146,20 @@ def combine(part: DataFrame, current: DataFrame, keys, measures, close_at_ms: in
     folded = [c for m in measures for c in combinable(*m).combined("t", "s")]
     if close_at_ms is None:
         joined = part.alias("s").join(current.alias("t"), cond, "left")
-        return joined.select(*[F.col(f"s.`{c}`").alias(c) for c in [*keys, *rest]], *folded).select(*part.columns)
-    # A full join: a left join could broadcast the table, but would need a second one for the
-    # rows the batch did not touch. Whether a row came from the batch is a column of its own,
-    # since group columns may be NULL (unknown zip codes) and a key cannot say.
-    mark = "_in_batch"
-    joined = part.withColumn(mark, F.lit(True)).alias("s").join(current.alias("t"), cond, "full")
-    in_batch = F.col(f"s.{mark}").isNotNull()
-    closing = ~in_batch & ~F.col("t.finalized") & _final(close_at_ms, "t.window_end")
+        in_batch, closing = F.lit(True), F.lit(False)
+    else:
+        # A full join: a left join could broadcast the table, but would need a second one for
+        # the rows the batch did not touch. Whether a row came from the batch is a column of its
+        # own, since group columns may be NULL (unknown zip codes) and a key cannot say.
+        mark = "_in_batch"
+        joined = part.withColumn(mark, F.lit(True)).alias("s").join(current.alias("t"), cond, "full")
+        in_batch = F.col(f"s.{mark}").isNotNull()
+        closing = ~in_batch & ~F.col("t.finalized") & _final(close_at_ms, "t.window_end")
     # A measure folded with no batch side keeps the table's value (see Measure.combined).
     return (joined.where(in_batch | closing)
             .select(*[F.when(in_batch, F.col(f"s.`{c}`")).otherwise(F.col(f"t.`{c}`")).alias(c)
                       for c in [*keys, *rest]], *folded, (~in_batch).alias(CLOSING))
-            .select(*part.columns, CLOSING))
+            .select(*part.columns, *([] if close_at_ms is None else [CLOSING])))
 
 
 def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
