@@ -14,7 +14,7 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from common import accounting
-from common.delta import ensure_table, idempotent_append
+from common.delta import ensure_table, idempotent_append, table_version
 from common.batch import BatchContext, MicroBatch, together
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
@@ -22,6 +22,7 @@ from common.storage import is_delta_table
 from common.errors import JobError
 from common.streaming import trigger
 from common.flow import Flow, Layer
+from common.lineage import read_nothing
 from silver import transform as T
 from silver.locations import ensure_seeded
 
@@ -83,31 +84,35 @@ class SilverBatch(MicroBatch):
     def pin_dimension(self, lineage: dict) -> int:
         """Pin the dimension's version, so the lineage of the batch's commits (accounting included)
         says exactly which one it joined. Only batches with rows to join pay for the lookup."""
-        version = latest_version(self.spark, self.paths["dimension"])
+        version = table_version(self.spark, self.paths["dimension"])
         lineage["dimensions"] = {f"silver.{self.dimension}": version}
         return version
 
     def write(self, batch, ctx: BatchContext) -> dict:
         spark, profile, batch_id, lineage = self.spark, self.profile, ctx.batch_id, ctx.lineage
-        batch.persist()
-        candidates = None
+        # The batch's accepted rows join the dimension in the same pass that fills the cache:
+        # everything after it (counts, gate, silver, quarantine) reads that one cache, and the
+        # batch is never materialized twice. A no-data batch (it only moves the watermark) has
+        # no row to join, so it pins no version; its plan still runs, for the state stores'
+        # commit of the batch.
+        rows = batch
+        if self.dimension and not read_nothing(self.checkpoint, batch_id):
+            locations = (spark.read.format("delta").option("versionAsOf", self.pin_dimension(lineage))
+                         .load(self.paths["dimension"]))
+            rows = T.join_dimension(batch, locations, profile, only=T.is_accepted())
+        rows = rows.persist()
         try:
             # One pass over the batch for every count the write needs (it also fills the cache).
-            sizes = batch.agg(F.count(F.lit(1)).alias("rows"),
-                              F.count(F.when(F.size("reasons") > 0, 1)).alias("rejects"),
-                              F.count(F.when((F.size("reasons") > 0) & F.col("parsed"), 1)).alias("event_rejects")
-                              ).first()
+            sizes = rows.agg(F.count(F.lit(1)).alias("rows"),
+                             F.count(F.when(~T.is_accepted(), 1)).alias("rejects"),
+                             F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects")
+                             ).first()
             n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
-            n_candidates, n_dq, gate, writes = 0, 0, None, []
-            if sizes.rows > n_rejects:
-                locations = None
-                if self.dimension:
-                    locations = (spark.read.format("delta").option("versionAsOf", self.pin_dimension(lineage))
-                                 .load(self.paths["dimension"]))
-                joined = T.join_dimension(T.accepted(batch), locations, profile)
+            n_candidates, n_dq, gate, writes = sizes.rows - n_rejects, 0, None, []
+            if n_candidates:
+                joined = T.accepted(rows)
                 frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
-                candidates = T.to_silver(joined, batch_id, profile, frontier).persist()
-                n_candidates = candidates.count()     # fills the cache the gate reads
+                candidates = T.to_silver(joined, batch_id, profile, frontier)
                 gate = self.validate(candidates, ctx, n_candidates)
                 dq_reasons = _dq_reasons(spark, gate.outcomes)
                 if dq_reasons is not None:
@@ -121,7 +126,7 @@ class SilverBatch(MicroBatch):
                     writes.append(lambda: idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events",
                                                             batch_id, lineage, ctx.replay))
             if n_rejects or n_dq:
-                quarantine = T.to_quarantine(T.rejected(batch), batch_id, profile)
+                quarantine = T.to_quarantine(T.rejected(rows), batch_id, profile)
                 if n_dq:
                     quarantine = quarantine.unionByName(T.to_quarantine(dq_bad, batch_id, profile))
                 writes.append(lambda: idempotent_append(quarantine, self.paths["quarantine"],
@@ -132,15 +137,7 @@ class SilverBatch(MicroBatch):
                           rows_written=n_candidates - n_dq, quality_ms=gate.ms if gate else None)
             return self.commit(ctx, counts, *writes, gate.record if gate else None)
         finally:
-            if candidates is not None:
-                candidates.unpersist()
-            batch.unpersist()
-
-
-def latest_version(spark, path: str) -> int:
-    from delta.tables import DeltaTable
-
-    return DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
+            rows.unpersist()
 
 
 def _dq_reasons(spark, outcomes):

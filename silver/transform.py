@@ -286,8 +286,12 @@ def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds
     return explode_events(parse_records(bronze, profile), min_event_time, max_future_seconds, profile)
 
 
+def is_accepted() -> Column:
+    return F.size("reasons") == 0
+
+
 def accepted(parsed: DataFrame) -> DataFrame:
-    return parsed.where(F.size("reasons") == 0)
+    return parsed.where(is_accepted())
 
 
 def rejected(parsed: DataFrame) -> DataFrame:
@@ -304,7 +308,7 @@ def deduplicate(parsed: DataFrame, delay: str, profile: Profile) -> DataFrame:
     carries both and each batch's counts add up. A profile without a dedup key drops nothing:
     its event ids are bronze positions, unique by construction.
     """
-    ok = F.size("reasons") == 0
+    ok = is_accepted()
     if not profile.dedup:
         if not parsed.isStreaming:
             return parsed
@@ -333,20 +337,25 @@ def input_metrics(parsed: DataFrame, profile: Profile) -> list[Column]:
             F.count(F.when(F.col("parsed"), 1)).alias("events_parsed")]
 
 
-def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile) -> DataFrame:
+def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile,
+                   only: Column | None = None) -> DataFrame:
     """Attach the dimension's columns (nest: zip/city/state by device_id); an event without a
     dimension row is kept with NULLs and its flag (nest: unknown_device) set.
 
     The flag comes from the join match, not from a NULL column, so a known key whose reference
-    row lacks a value stays distinguishable (gold's quality gate checks exactly that)."""
+    row lacks a value stays distinguishable (gold's quality gate checks exactly that).
+    `only`: the rows that look the dimension up (the others keep NULLs): silver joins a batch's
+    accepted and rejected rows in one pass, and a reject must never match, let alone twice."""
     dim = profile.dimension
     if dim is None:
         return events
-    loc = dimension.select(dim.key, *dim.columns, F.lit(True).alias("_known"))
-    return (events.join(F.broadcast(loc), dim.key, "left")
-            .withColumn(dim.flag, F.col("_known").isNull()).drop("_known"))
-
-
+    key = "_dimension_key"
+    loc = dimension.select(F.col(dim.key).alias(key), *dim.columns, F.lit(True).alias("_known"))
+    on = F.col(dim.key) == F.col(key)
+    if only is not None:
+        on = on & only
+    return (events.join(F.broadcast(loc), on, "left")
+            .withColumn(dim.flag, F.col("_known").isNull()).drop(key, "_known"))
 
 
 # The latest event_time silver had read before the micro-batch that accepted the row (NULL in
