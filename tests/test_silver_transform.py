@@ -323,6 +323,24 @@ def test_join_locations_keeps_unknown_devices_and_zip_codes_as_text(spark, cfg, 
     assert str(out["cam-0001"].event_date) == "2026-11-01"
 
 
+def test_a_batch_joins_the_dimension_once_and_only_its_accepted_rows_look_it_up(spark, silver_conf):
+    """Silver joins a whole batch in the pass that caches it: a reject must come out as it went
+    in, one row, even when the dimension (edited by hand) lists its device twice."""
+    locations = spark.createDataFrame([("cam-0001", "02108", "Boston", "MA"), ("cam-0005", "1", "A", "B"),
+                                       ("cam-0005", "2", "C", "D")], "device_id string, zip_code string, "
+                                      "city string, state string")
+    parsed = parse(spark, silver_conf, [record(camera("cam-0001"), camera("cam-0005", start="later"))])
+    joined = T.join_dimension(parsed, locations, NEST, only=T.is_accepted())
+    rows = joined.collect()
+    assert len(rows) == 2, rows
+    by_device = {r.device_id: r for r in rows}
+    assert by_device["cam-0001"].reasons == [] and by_device["cam-0001"].zip_code == "02108"
+    reject = by_device["cam-0005"]
+    assert reject.reasons == ["bad_timestamp:start_time"] and reject.zip_code is None
+    # The batch's rows keep their columns: to_quarantine and to_silver read them as before.
+    assert [r.reasons for r in T.to_quarantine(T.rejected(joined), 1, NEST).collect()] == [["bad_timestamp:start_time"]]
+
+
 def test_to_quarantine_carries_reasons_and_lineage(spark, silver_conf):
     parsed = parse(spark, silver_conf, ["{oops", record(camera("cam-0005", start="later"))])
     q = {r.bronze_line_number: r for r in T.to_quarantine(T.rejected(parsed), 3, NEST).collect()}
