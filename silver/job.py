@@ -83,7 +83,7 @@ class SilverBatch(MicroBatch):
 
     def pin_dimension(self, lineage: dict) -> int:
         """Pin the dimension's version, so the lineage of the batch's commits (accounting included)
-        says exactly which one it joined. Only batches with rows to join pay for the lookup."""
+        says exactly which one it joined. A no-data batch joins nothing and pins nothing."""
         version = table_version(self.spark, self.paths["dimension"])
         lineage["dimensions"] = {f"silver.{self.dimension}": version}
         return version

@@ -295,7 +295,7 @@ def accepted(parsed: DataFrame) -> DataFrame:
 
 
 def rejected(parsed: DataFrame) -> DataFrame:
-    return parsed.where(F.size("reasons") > 0)
+    return parsed.where(~is_accepted())
 
 
 def deduplicate(parsed: DataFrame, delay: str, profile: Profile) -> DataFrame:
