@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from delta.tables import DeltaTable
+from common.delta import table_version
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 DEVICES = [f"cam-{i:04d}" for i in range(1, 9)]
@@ -49,7 +49,7 @@ def silver_commit(spark, cfg, schema, step: int, per_step: int = 12) -> None:
 
 
 def gold_versions(spark, path: str) -> int:
-    return DeltaTable.forPath(spark, path).history(1).first().version + 1
+    return table_version(spark, path) + 1
 
 
 def bench_config(root: Path):

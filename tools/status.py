@@ -37,8 +37,7 @@ def delta_lag(spark, sources_json: str | None) -> str | None:
     Delta source reports no latest offset in its progress)."""
     import re
 
-    from delta.tables import DeltaTable
-
+    from common.delta import table_version
     from common.lineage import consumed_version
 
     behind = None
@@ -50,7 +49,7 @@ def delta_lag(spark, sources_json: str | None) -> str | None:
         read = consumed_version(end)
         if read is None:
             read = int(end["reservoirVersion"]) - 1
-        latest = DeltaTable.forPath(spark, m.group(1)).history(1).first().version
+        latest = table_version(spark, m.group(1))
         behind = (behind or 0) + max(0, latest - read)
     return None if behind is None else f"{behind:,} versions"
 
