@@ -30,6 +30,8 @@ NEEDS = {"silver": ("bronze", "events"), "gold": ("silver", "camera_events")}
 # done, each layer in its own process on the same checkpoints (a team moving from one deployment
 # to the other), with one drain and one audit for both.
 UNITS = {"app": ("pipeline",), "split": LAYERS, "mixed": ("pipeline", *LAYERS)}
+# A failed drain prints this many of its last log lines: a CI run keeps only what tests print.
+DRAIN_TAIL_LINES = 40
 COMMAND = {"pipeline": ["pipeline"], **{layer: ["pipeline", "--layer", layer] for layer in LAYERS}}
 
 
@@ -286,6 +288,9 @@ class Session:
                 self.outcome.drain_code = -9
         self.outcome.drain_log = str(log)
         self.say(f"[{self.now():6.1f}s] drain exit {self.outcome.drain_code}")
+        if self.outcome.drain_code != 0:
+            tail = log.read_text(errors="replace").splitlines()[-DRAIN_TAIL_LINES:]
+            self.say("drain log, last lines:\n" + "\n".join(f"  | {line[:300]}" for line in tail))
 
 
 def run_audit(root, env: dict) -> tuple[int, dict | None, str]:

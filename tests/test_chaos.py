@@ -30,7 +30,7 @@ def test_kill_dash_nine_at_random_points_loses_and_duplicates_nothing(spark, env
     proc = subprocess.run([sys.executable, "-m", "chaos", "--mode", "mixed", "--kills", str(KILLS), "--seed", str(seed),
                            "--root", str(root), "--report", str(report)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    print(proc.stdout[-8000:])
+    print(proc.stdout[-15000:])
     assert report.exists(), f"chaos wrote no report (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     summary = json.loads(report.read_text())
 
