@@ -72,14 +72,26 @@ def state_checkpointing(cfg: Config) -> dict[str, str]:
             "spark.sql.streaming.stateStore.rocksdb.compactOnCommit": changelog}
 
 
-def spark_conf(cfg: Config) -> dict[str, str]:
-    """Spark settings shared by Python sessions and the spark-sql shell."""
+def ships_jars(cfg: Config) -> bool:
+    """Whether executors outside the driver's JVM may run the tasks, so the jars must be sent to
+    them (spark.jars): yes for a cluster master, or when spark-submit's --master decides. A local
+    master's tasks run in the driver's JVM, whose classpath holds the jars already; sending them
+    anyway made every start copy each jar into a fresh temp folder (on s3a, the AWS SDK bundle:
+    641 MB), and a process killed with -9 never deletes its folder: kills filled a CI disk."""
+    master = master_override(cfg)
+    return master is None or not master.startswith("local")
+
+
+def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
+    """Spark settings shared by Python sessions and the spark-sql shell. `ship_jars`: list the
+    jars in spark.jars (default: ships_jars, by the master)."""
     # s3a jars go after the others: the class archive was dumped with the others alone, and a
     # JVM accepts an archive whose classpath is a prefix of its own.
     s3a = s3a_jars() if cfg.on_object_store else []
+    ship = ships_jars(cfg) if ship_jars is None else ship_jars
     return {
-        "spark.jars": ",".join(spark_extra_jars() + s3a),
-        # The same jars on the driver's own classpath, where the class archive can hold them.
+        **({"spark.jars": ",".join(spark_extra_jars() + s3a)} if ship else {}),
+        # The jars on the driver's own classpath, where the class archive can hold them.
         "spark.driver.extraClassPath": ":".join([class_archive.driver_class_path(), *s3a]),
         **object_store_conf(cfg),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -185,7 +197,7 @@ def submit_properties(cfg: Config) -> str:
     def escape(v: str) -> str:
         return v.replace("\\", "\\\\")
 
-    lines = [f"{k} {escape(v)}" for k, v in spark_conf(cfg).items()]
+    lines = [f"{k} {escape(v)}" for k, v in spark_conf(cfg, ship_jars=True).items()]
     return "# spark-submit --properties-file for this lakehouse (python -m common.spark --properties)\n" + "\n".join(lines) + "\n"
 
 

@@ -51,6 +51,7 @@ def _start_pipeline(env: dict, root: Path, master: str, submit: bool = False) ->
         written = subprocess.run([sys.executable, "-m", "common.spark", "--properties"], cwd=REPO, env=env,
                                  capture_output=True, text=True, check=True).stdout
         assert "spark.master" not in written
+        assert "\nspark.jars " in written      # the cluster's executors get Delta's and Kafka's jars sent
         props.write_text(written)
         command = [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
                    "--properties-file", str(props), "pipeline/__main__.py"]
