@@ -197,7 +197,7 @@ class GoldBatch(MicroBatch):
         cfg, lineage = self.cfg, ctx.lineage
         watermark = lineage["watermark_ms"]
         batch.persist()
-        changed: list[tuple[GoldTable, DataFrame, int, int]] = []   # spec, rows, changed, live
+        cached: list[DataFrame] = []
         try:
             # A batch that read no row (one that only moved the watermark) writes nothing:
             # marking the windows it made final, or the sessions it timed out, would cost a
@@ -206,11 +206,18 @@ class GoldBatch(MicroBatch):
             if not batch.count() or read_nothing(self.checkpoint, ctx.batch_id):
                 self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
-            for spec in self.tables:
-                if self.written(spec, ctx):
-                    continue
-                rows = self.updates(spec, batch, watermark).persist()
-                changed.append((spec, rows, *self.sizes(spec, rows)))
+            # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
+            # jobs are small, and one at a time the driver's part of each was most of a batch.
+            folded: list = [None] * len(self.tables)
+
+            def fold(i: int, spec: GoldTable) -> None:
+                if not self.written(spec, ctx):
+                    rows = self.updates(spec, batch, watermark).persist()
+                    cached.append(rows)
+                    folded[i] = (spec, rows, *self.sizes(spec, rows))
+
+            together(*[(lambda i=i, spec=spec: fold(i, spec)) for i, spec in enumerate(self.tables)])
+            changed = [f for f in folded if f is not None]
             gated = [(self.gates[spec.table], T.quality_view(live_rows(spec, touched(rows)), cfg.profile.dimension), live)
                      for spec, rows, n, live in changed if live and spec.table in self.gates]
             gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
@@ -232,7 +239,7 @@ class GoldBatch(MicroBatch):
             self.stale_behind = False
             return committed
         finally:
-            for _, rows, _, _ in changed:
+            for rows in cached:
                 rows.unpersist()
             batch.unpersist()
 
