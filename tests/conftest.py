@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,6 +58,29 @@ def logged(caplog):
     for name in PACKAGES:
         caplog.set_level(logging.INFO, logger=name)
     return caplog
+
+
+@pytest.fixture
+def lock_holder():
+    """hold(env): a block during which another process holds the silver checkpoint's lock (a
+    lease on object storage); the block's end kills that process with -9, so what a dead
+    holder leaves behind is the test's to check."""
+    @contextmanager
+    def hold(env: dict, query: str = "silver"):
+        proc = subprocess.Popen([sys.executable, "-c",
+                                 "import time; from common.config import load_config; "
+                                 "from common.checkpoint_lock import CheckpointLocks; "
+                                 # held in a name: a collected lock object closes its flock
+                                 f"held = CheckpointLocks(load_config(), [{query!r}]).__enter__(); "
+                                 "print('locked', flush=True); time.sleep(600)"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "locked"
+            yield proc
+        finally:
+            proc.kill()
+            proc.wait()
+    return hold
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
     assert page.is_file() and "Lakehouse report: s3a://" in page.read_text()
 
 
-def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged):
+def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged, lock_holder):
     from common.checkpoint_lock import CheckpointBusy, CheckpointLocks
     from common.config import load_config
     from common.storage import location
@@ -138,17 +138,8 @@ def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged):
     assert not lease.exists(), "a clean stop deletes its lease"
 
     # A holder killed with -9 leaves its lease; the next instance takes it over once it expires.
-    holder = subprocess.Popen([sys.executable, "-c",
-                               "import time; from common.config import load_config; "
-                               "from common.checkpoint_lock import CheckpointLocks; "
-                               "CheckpointLocks(load_config(), ['silver']).__enter__(); "
-                               "print('locked', flush=True); time.sleep(600)"],
-                              cwd=REPO, env=s3_env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-    finally:
-        holder.kill()
-        holder.wait()
+    with lock_holder(s3_env):
+        pass
     assert lease.exists()
     started = time.monotonic()
     with CheckpointLocks(cfg, ["silver"]):

@@ -149,7 +149,7 @@ def test_log_line_shape():
 
 # --- one instance per checkpoint --------------------------------------------------------------
 
-def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
+def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env, lock_holder):
     import os
     import subprocess
     import sys
@@ -168,19 +168,9 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env):
             assert "SparkSession" not in proc.stderr and "log4j" not in proc.stderr  # before Spark
 
     # a holder killed with -9 leaves no stale lock behind
-    holder = subprocess.Popen([sys.executable, "-c",
-                               "import sys, time; from common.config import load_config; "
-                               "from common.checkpoint_lock import CheckpointLocks; "
-                               "l = CheckpointLocks(load_config(), ['silver']).__enter__(); "
-                               "print('locked', flush=True); time.sleep(600)"],
-                              cwd=repo, env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with lock_holder(env):
         with pytest.raises(Exception, match="another instance"):
             CheckpointLocks(cfg, ["silver"]).__enter__()
-    finally:
-        holder.kill()
-        holder.wait()
     with CheckpointLocks(cfg, ["silver"]):
         pass
 
