@@ -132,9 +132,9 @@ def _too_old(spark, cfg, silver_path, horizon: dict):
 
 def _on_time_counter(spark, silver_path, history, recorded, watermark):
     batches, _ = P.batches_of(history, recorded)
-    tracked = P.has_row_tracking(spark, silver_path)
+    stamps = P.row_versions(spark, silver_path)
     return lambda upstream: P.on_time_events(
-        P.silver_rows(spark, silver_path, upstream, batches, tracked), batches, watermark).count()
+        P.silver_rows(spark, silver_path, upstream, batches, stamps), batches, watermark).count()
 
 
 def _summary(checks) -> dict:

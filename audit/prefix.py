@@ -5,8 +5,9 @@ The stream's result at a version depends on more than the prefix: for sessions, 
 micro-batch each event arrived in decides which id a session was born with, and the batch's
 watermark decides what is finalized or closed (whether an event was too late is a fact of its
 silver row, see gold.transform.late). All of that is in the commits'
-lineage (common/lineage.py), and each silver row's `_metadata.row_commit_version` says which
-silver version added it, hence which batch first read it. The recompute then runs the gold
+lineage (common/lineage.py), and the silver version that added each row says which batch first
+read it: silver's commits are keyed by the silver batch they wrote (their txn key), and each
+silver row carries that batch id (see row_versions). The recompute then runs the gold
 transforms the stream runs, in batch, over `silver VERSION AS OF <consumed version>`.
 """
 from __future__ import annotations
@@ -109,22 +110,73 @@ def with_arrival(silver: DataFrame, batches: list[Batch]) -> DataFrame:
     return silver.withColumn(ARRIVAL, _case(rcv, [(b.upstream, b.index) for b in firsts])).drop(ROW_VERSION)
 
 
-def has_row_tracking(spark, path: str) -> bool:
+TRACKED = "row tracking"
+# Commits that leave the rows as they are: a silver table's other commits are its appends.
+ROWS_UNCHANGED = {"CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES",
+                  "UNSET TBLPROPERTIES", "ADD COLUMNS", "CHANGE COLUMN", "UPGRADE PROTOCOL"}
+
+
+_STAMPS: dict[tuple[str, int], object] = {}      # (path, table version) -> row_versions
+
+
+def row_versions(spark, path: str):
+    """row_versions_of the table as it is now, read once per table version (every gold table's
+    check and its accounting ask)."""
+    from common.delta import table_version
+
+    key = (path, table_version(spark, path))
+    if key not in _STAMPS:
+        _STAMPS[key] = row_versions_of(spark, path)
+    return _STAMPS[key]
+
+
+def row_versions_of(spark, path: str):
+    """How silver_rows learns the silver version that added each row.
+
+    TRACKED: the table has row tracking (silver tables created before it was dropped for its
+    cost: every append rebuilt the table's state to find the next row id). Otherwise a dict
+    {silver_batch_id: version}, from the keys of the commits that appended rows (the batch id is
+    a column of every row, and OPTIMIZE keeps it). None when some commit's rows cannot be placed
+    that way (an append without a key, two checkpoints' batch ids, a MERGE or a RESTORE):
+    silver_rows then compares snapshots, slower and always right."""
     from delta.tables import DeltaTable
 
+    from common.delta import append_key
+
     props = DeltaTable.forPath(spark, path).detail().select("properties").first()[0] or {}
-    return props.get("delta.enableRowTracking") == "true"
+    if props.get("delta.enableRowTracking") == "true":
+        return TRACKED
+    versions: dict[int, int] = {}
+    apps = set()
+    for r in (DeltaTable.forPath(spark, path).history()
+              .select("version", "operation", "operationMetrics", "userMetadata").collect()):
+        if r.operation in ROWS_UNCHANGED:
+            continue
+        if r.operation != "WRITE":
+            return None
+        if not int((r.operationMetrics or {}).get("numOutputRows") or 0):
+            continue
+        key = append_key(r.userMetadata)
+        if not isinstance(key.get("version"), int) or key["version"] in versions:
+            return None
+        apps.add(key.get("app"))
+        versions[key["version"]] = r.version
+    return versions if len(apps) <= 1 else None
 
 
-def silver_rows(spark, silver_path: str, version: int, batches: list[Batch], tracked: bool) -> DataFrame:
-    """silver VERSION AS OF `version`, each row with the silver version that added it.
-
-    With row tracking that is `_metadata.row_commit_version`. A silver table created without it
-    (e.g. written by hand in a test) gets the same answer from snapshots: the first consumed
-    version whose snapshot holds the event_id."""
+def silver_rows(spark, silver_path: str, version: int, batches: list[Batch], stamps) -> DataFrame:
+    """silver VERSION AS OF `version`, each row with the silver version that added it
+    (`stamps`: row_versions of the table)."""
     rows = read_version(spark, silver_path, version)
-    if tracked:
+    if stamps == TRACKED:
         return rows.withColumn(ROW_VERSION, F.col("_metadata.row_commit_version"))
+    if isinstance(stamps, dict):
+        added = spark.createDataFrame([(b, v) for b, v in stamps.items() if v <= version],
+                                      f"silver_batch_id LONG, {ROW_VERSION} LONG")
+        # A batch with no key left is older than the log (log_retention cleaned its commit): -1
+        # places its rows before every batch the history still knows, as row tracking would.
+        return (rows.join(F.broadcast(added), "silver_batch_id", "left")
+                .select(*rows.columns, F.coalesce(ROW_VERSION, F.lit(-1).cast("long")).alias(ROW_VERSION)))
     bounds = sorted({b.upstream for b in batches if b.upstream is not None and 0 <= b.upstream <= version})
     firsts, previous = [], None
     for bound in bounds:
@@ -231,7 +283,7 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
     `too_old(version, upstream)`: the version, or the silver version it consumed, is older than
     the audit horizon, so VACUUM may have deleted files it needs: VACUUMED, not recomputed."""
     batches, at_version = batches_of(history, recorded)
-    tracked = has_row_tracking(spark, silver_path)
+    stamps = row_versions(spark, silver_path)
     empty = spark.read.format("delta").load(silver_path).limit(0).withColumn(ROW_VERSION, F.lit(0).cast("long"))
     checks, pairs = [], []
     expected_by_batch: dict[int | None, DataFrame] = {}
@@ -255,7 +307,7 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
             if batch is None or batch.upstream < 0:
                 events = on_time_events(empty, [], cfg.gold.watermark)
             else:
-                events = on_time_events(silver_rows(spark, silver_path, batch.upstream, batches, tracked),
+                events = on_time_events(silver_rows(spark, silver_path, batch.upstream, batches, stamps),
                                         batches, cfg.gold.watermark)
             watermark = batch.watermark_ms if batch else 0
             expected_by_batch[k] = expected_table(spec, cfg, events, watermark)

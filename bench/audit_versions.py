@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from common.delta import table_version
+from common.delta import idempotent_append, table_version
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 DEVICES = [f"cam-{i:04d}" for i in range(1, 9)]
@@ -44,8 +44,9 @@ def silver_commit(spark, cfg, schema, step: int, per_step: int = 12) -> None:
                  bronze_file_path="file:/landing/bench.json", bronze_line_number=i + 1,
                  bronze_ingest_time=t, silver_batch_id=step, silver_frontier_time=frontier)
         rows.append(tuple(d[f.name] for f in schema.fields))
-    (spark.createDataFrame(rows, schema).coalesce(1).write.format("delta").mode("append")
-     .save(cfg.table_path("silver", "camera_events")))
+    # Keyed by the step, as silver keys its commits by batch: the audit places each row by it.
+    idempotent_append(spark.createDataFrame(rows, schema).coalesce(1), cfg.table_path("silver", "camera_events"),
+                      "bench-events", step, replay=False)
 
 
 def gold_versions(spark, path: str) -> int:

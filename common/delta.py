@@ -190,6 +190,20 @@ def idempotent_append(df, path: str, app_id: str, version: int, metadata: dict |
     return True
 
 
+def append_key(user_metadata: str | dict | None) -> dict:
+    """The append key ({"app", "version"}) of a commit's user metadata, {} when it has none."""
+    import json
+
+    meta = user_metadata
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            return {}
+    key = meta.get(TXN) if isinstance(meta, dict) else None
+    return key if isinstance(key, dict) else {}
+
+
 def appended(spark, path: str, app_id: str, version: int, query_id: str | None = None,
              page: int = 32) -> bool:
     """Whether a commit of `path` carries the append key (app_id, version). Reads the history
@@ -207,7 +221,7 @@ def appended(spark, path: str, app_id: str, version: int, query_id: str | None =
                 meta = None
             if not isinstance(meta, dict):
                 continue
-            txn = meta.get(TXN) or {}
+            txn = append_key(meta)
             if txn.get("app") == app_id:
                 if txn.get("version") == version:
                     return True

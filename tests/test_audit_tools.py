@@ -215,3 +215,52 @@ def test_both_clis_end_to_end(spark, cfg, table, env):
     assert cfg.checkpoint("gold") in restore_out
     assert "new version 4 (RESTORE), 3 rows" in restore_out
     assert rows_at(spark, table) == Counter(V0)
+
+
+# --- which silver version added a row ---------------------------------------------------------
+
+def test_silver_rows_are_placed_by_their_batch_key_and_fall_back_when_a_commit_has_none(spark, tmp_path):
+    """Silver has no row tracking: the audit places each row by its silver_batch_id and the key
+    of the commit that appended that batch. OPTIMIZE keeps the placement; an append without a
+    key, or a second checkpoint's batch ids, make it compare snapshots instead."""
+    from delta.tables import DeltaTable
+
+    from audit import prefix as P
+    from common.delta import idempotent_append
+
+    path = str(tmp_path / "silver")
+    schema = "event_id STRING, silver_batch_id LONG"
+
+    def append(batch: int, ids: list[str], app: str | None = "silver-q1-events") -> None:
+        df = spark.createDataFrame([(i, batch) for i in ids], schema).coalesce(1)
+        if app is None:
+            df.write.format("delta").mode("append").save(path)
+        else:
+            idempotent_append(df, path, app, batch, replay=False)
+
+    spark.createDataFrame([], schema).write.format("delta").save(path)       # version 0, no rows
+    append(0, ["a", "b"])                                                    # version 1
+    append(1, ["c"])                                                         # version 2
+    DeltaTable.forPath(spark, path).optimize().executeCompaction()           # version 3: same rows
+    append(2, ["d"])                                                         # version 4
+    stamps = P.row_versions_of(spark, path)
+    assert stamps == {0: 1, 1: 2, 2: 4}
+    placed = {r.event_id: r[P.ROW_VERSION] for r in P.silver_rows(spark, path, 4, [], stamps).collect()}
+    assert placed == {"a": 1, "b": 1, "c": 2, "d": 4}
+    # As of version 2, batch 2 is not there yet, and nothing is placed after the version read.
+    assert {r.event_id: r[P.ROW_VERSION] for r in P.silver_rows(spark, path, 2, [], stamps).collect()} \
+        == {"a": 1, "b": 1, "c": 2}
+    # A batch whose commit the log no longer holds sorts before every batch it still knows.
+    older = {1: 2, 2: 4}
+    assert {r.event_id: r[P.ROW_VERSION] for r in P.silver_rows(spark, path, 4, [], older).collect()}["a"] == -1
+
+    append(3, ["e"], app="silver-q2-events")       # a second checkpoint's batch ids
+    assert P.row_versions_of(spark, path) is None
+    other = str(tmp_path / "hand")
+    spark.createDataFrame([("x", 0)], schema).write.format("delta").save(other)
+    assert P.row_versions_of(spark, other) is None  # rows appended without a key
+
+    # Fallback: the first batch bound whose snapshot holds the event.
+    batches = [P.Batch(0, 2, 0), P.Batch(1, 4, 0)]
+    placed = {r.event_id: r[P.ROW_VERSION] for r in P.silver_rows(spark, path, 4, batches, None).collect()}
+    assert placed == {"a": 2, "b": 2, "c": 2, "d": 4}
