@@ -141,10 +141,9 @@ def row_versions_of(spark, path: str):
     silver_rows then compares snapshots, slower and always right."""
     from delta.tables import DeltaTable
 
-    from common.delta import append_key
+    from common.delta import append_key, table_properties
 
-    props = DeltaTable.forPath(spark, path).detail().select("properties").first()[0] or {}
-    if props.get("delta.enableRowTracking") == "true":
+    if table_properties(spark, path).get("delta.enableRowTracking") == "true":
         return TRACKED
     versions: dict[int, int] = {}
     apps = set()
