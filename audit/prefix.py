@@ -111,9 +111,6 @@ def with_arrival(silver: DataFrame, batches: list[Batch]) -> DataFrame:
 
 
 TRACKED = "row tracking"
-# Commits that leave the rows as they are: a silver table's other commits are its appends.
-ROWS_UNCHANGED = {"CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES",
-                  "UNSET TBLPROPERTIES", "ADD COLUMNS", "CHANGE COLUMN", "UPGRADE PROTOCOL"}
 
 
 _STAMPS: dict[tuple[str, int], object] = {}      # (path, table version) -> row_versions
@@ -141,7 +138,7 @@ def row_versions_of(spark, path: str):
     silver_rows then compares snapshots, slower and always right."""
     from delta.tables import DeltaTable
 
-    from common.delta import append_key, table_properties
+    from common.delta import NO_ROW_CHANGE, append_key, table_properties
 
     if table_properties(spark, path).get("delta.enableRowTracking") == "true":
         return TRACKED
@@ -149,7 +146,7 @@ def row_versions_of(spark, path: str):
     apps = set()
     for r in (DeltaTable.forPath(spark, path).history()
               .select("version", "operation", "operationMetrics", "userMetadata").collect()):
-        if r.operation in ROWS_UNCHANGED:
+        if r.operation in NO_ROW_CHANGE:      # a silver table's other commits are its appends
             continue
         if r.operation != "WRITE":
             return None

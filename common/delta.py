@@ -237,7 +237,7 @@ def appended(spark, path: str, app_id: str, version: int, query_id: str | None =
 
 # Commits that change no row of a table.
 NO_ROW_CHANGE = ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES",
-                 "ADD COLUMNS", "CHANGE COLUMN", "UPGRADE PROTOCOL")
+                 "UNSET TBLPROPERTIES", "ADD COLUMNS", "CHANGE COLUMN", "UPGRADE PROTOCOL")
 
 
 def last_lineage(spark, path: str, page: int = 16) -> tuple[dict | None, list[tuple[int, str]]]:
