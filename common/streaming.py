@@ -41,3 +41,27 @@ def stop_between_batches(query, timeout: float = 600) -> None:
 def _progress_mark(query):
     progress = query.lastProgress
     return None if progress is None else (progress["runId"], progress["batchId"], progress["timestamp"])
+
+
+def clear_interrupted_first_batch(checkpoint: str) -> list[str]:
+    """Remove what a process killed while logging a query's first batch left in its offset log.
+
+    Spark writes each offset-log entry to a temporary file (".0.<uuid>.tmp", on local disks with
+    its ".crc") and renames it into place. Killed between the two, the log holds no batch but is
+    not empty, and Spark 4.1 then refuses to start the query for good
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY: a checkpoint without a batch must have empty
+    offsets, commits and state folders). With no batch logged nothing was planned, let alone
+    committed, so those files are garbage. Anything else (a batch logged, files in commits or
+    state) is left for Spark to judge. Call it only while holding the checkpoint's lock.
+    Returns the names removed."""
+    from common.storage import location
+
+    folder = location(checkpoint) / "offsets"
+    if not folder.is_dir():
+        return []
+    entries = list(folder.iterdir())
+    if any(p.name.isdigit() for p in entries):
+        return []
+    for p in entries:
+        p.unlink(missing_ok=True)
+    return [p.name for p in entries]

@@ -30,8 +30,9 @@ POLL_S = 0.5
 class FlowRun:
     """One flow's query on its own thread: start, await, recover, stop between batches."""
 
-    def __init__(self, spark, flow: Flow, done: queue.Queue, stop_all: threading.Event):
+    def __init__(self, spark, flow: Flow, done: queue.Queue, stop_all: threading.Event, checkpoint: str):
         self.spark, self.flow, self.done, self.stop_all = spark, flow, done, stop_all
+        self.checkpoint = checkpoint
         self.stop = threading.Event()           # this flow only (a failed upstream, a quality stop)
         self.error: BaseException | None = None
         self.query = None
@@ -42,11 +43,15 @@ class FlowRun:
 
     def _run(self) -> None:
         from common.errors import DataQualityError, take_failure
-        from common.streaming import stop_between_batches
+        from common.streaming import clear_interrupted_first_batch, stop_between_batches
 
         try:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.flow.layer)
             take_failure(self.flow.name)           # none left over from an earlier run in this process
+            cleared = clear_interrupted_first_batch(self.checkpoint)     # the runner holds its lock
+            if cleared:
+                log.info(f"{self.flow.name}: removed {len(cleared)} file(s) of a first batch that a killed "
+                         f"run did not finish logging: {', '.join(cleared)}")
             self.query = self.flow.start(self.spark)
             recovery = self.flow.recovery() if self.flow.recovery else None
             while True:
@@ -266,7 +271,7 @@ class Runner:
         runs = []
         for layer in layers:
             for flow in layer.flows:
-                run = FlowRun(self.spark, flow, done, self.stop_all)
+                run = FlowRun(self.spark, flow, done, self.stop_all, self.cfg.checkpoint(flow.name))
                 run.thread.start()
                 runs.append(run)
             log.info(f"{layer.name}: {layer.describe} ({self.cfg.streaming.trigger})",
