@@ -149,6 +149,7 @@ class StreamingConf(Spec):
     silver_interval: OptDuration
     gold_interval: OptDuration
     stop_timeout: DurationValue
+    no_data_batches: Bool
 
 
 @spec

@@ -103,6 +103,8 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         # and its pass-through of the events read one): from the second batch of a run the
         # sessions' operator got no watermark, and no session ever timed out.
         "spark.sql.streaming.statefulOperator.allowMultiple": "false",
+        # Watermark-only batches (conf streaming.no_data_batches): they write nothing here.
+        "spark.sql.streaming.noDataMicroBatches.enabled": str(cfg.streaming.no_data_batches).lower(),
         **state_checkpointing(cfg),
         # Local paths through Java's file API instead of Hadoop's shell-outs (jvm/localfs): without
         # Hadoop's native library every file created forked `chmod` and every checkpoint or log
