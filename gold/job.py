@@ -47,6 +47,9 @@ from silver.transform import FRONTIER
 
 EVENT, SESSION = "event", "session"        # the two kinds of row a gold micro-batch hands over
 INPUT_METRICS = "gold_input"
+# Timestamps handed from one plan to the next as SQL literals, in the session's time zone: a
+# literal is what Delta's data skipping and Parquet's filter pushdown compare with file stats.
+LITERAL_TS = "yyyy-MM-dd HH:mm:ss.SSSSSS"
 LIVE_SESSION = "status <> 'merged'"      # sessions' `merged` notices are deletions, not rows
 
 
@@ -110,7 +113,7 @@ def gold_stream(spark, cfg, tables) -> DataFrame:
 
 
 def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int,
-          ctx: BatchContext, close_behind: bool = True) -> None:
+          ctx: BatchContext, close_behind: bool = True, window_from: str | None = None) -> None:
     """MERGE the batch's updated rows (each window's or session's value after the batch). A
     conflict with a concurrent compaction (make maintain, the runner's maintenance) replans and
     retries: the rows are computed already, and compaction does not change the table's rows.
@@ -118,19 +121,26 @@ def merge(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_
     Into an empty table (a fresh lakehouse's first batch, the whole of a first available-now
     run) every row is an insert, so an append keyed by the batch does the MERGE's work without
     its joins. `close_behind`: also close the table's rows the watermark passed that the batch
-    does not carry (sessions, see _merge_once; a windowed table's `updates` carry them)."""
+    does not carry (sessions, see _merge_once; a windowed table's `updates` carry them).
+    `window_from`: the earliest window_start of a windowed table's `updates` (a timestamp
+    literal), which lets the MERGE skip the files of older windows."""
     if live_files(spark, path) == 0:
         idempotent_append(live_rows(spec, updates), path, batch_key(ctx), ctx.batch_id, ctx.lineage, ctx.replay)
         return
     # The commit's metadata (lineage and key) is the batch's session conf, set by the caller
     # for every table at once: MERGE has no writer option, and one session conf set per table
     # by concurrent writes would race.
-    retry_on_conflict(lambda: _merge_once(spark, cfg, path, spec, updates, watermark_ms, close_behind))
+    retry_on_conflict(lambda: _merge_once(spark, cfg, path, spec, updates, watermark_ms, close_behind, window_from))
 
 
 def _merge_once(spark, cfg, path: str, spec: GoldTable, updates: DataFrame, watermark_ms: int,
-                close_behind: bool) -> None:
+                close_behind: bool, window_from: str | None = None) -> None:
     cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in spec.keys)
+    if window_from is not None:
+        # Implied by the keys (window_start is one): a condition on the target alone, which
+        # Delta checks against each file's window_start range to skip the files of windows the
+        # batch did not change, instead of joining the whole table.
+        cond += f" AND t.window_start >= TIMESTAMP '{window_from}'"
     target = DeltaTable.forPath(spark, path)
     source = updates
     if close_behind:
@@ -173,10 +183,10 @@ class GoldBatch(MicroBatch):
         # update output never re-emits a window the watermark passes.)
         self.stale_behind = True
 
-    def updates(self, spec: GoldTable, batch: DataFrame, watermark_ms: int) -> DataFrame:
+    def updates(self, spec: GoldTable, batch: DataFrame, watermark_ms: int, earliest: str | None) -> DataFrame:
         """What the batch changes in one table: each touched window's value after the batch and
         the windows the watermark made final (flagged T.CLOSING), or the session rows the
-        stateful operator emitted."""
+        stateful operator emitted. `earliest`: the batch's earliest event time (a literal)."""
         if not spec.windowed:
             return batch.where(F.col(SESSION).isNotNull()).select(f"{SESSION}.*")
         events = batch.where(F.col(EVENT).isNotNull()).select(f"{EVENT}.*")
@@ -184,7 +194,8 @@ class GoldBatch(MicroBatch):
         if live_files(self.spark, self.paths[spec.table]) == 0:
             full = part.withColumn(T.CLOSING, F.lit(False))
         else:
-            full = spec.combine(part, DeltaTable.forPath(self.spark, self.paths[spec.table]).toDF(), watermark_ms)
+            table = DeltaTable.forPath(self.spark, self.paths[spec.table]).toDF()
+            full = spec.combine(part, T.open_or_after(table, earliest), watermark_ms)
         return T.with_finalized(full, watermark_ms)
 
     def written(self, spec: GoldTable, ctx: BatchContext) -> bool:
@@ -203,7 +214,10 @@ class GoldBatch(MicroBatch):
             # marking the windows it made final, or the sessions it timed out, would cost a
             # MERGE for a flag. The next batch with rows marks them in its MERGE. (It still ran:
             # its state was committed.)
-            if not batch.count() or read_nothing(self.checkpoint, ctx.batch_id):
+            # One job counts the batch (and fills its cache) and finds its earliest event.
+            seen = batch.agg(F.count(F.lit(1)).alias("n"),
+                             F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest")).first()
+            if not seen["n"] or read_nothing(self.checkpoint, ctx.batch_id):
                 self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
@@ -212,27 +226,27 @@ class GoldBatch(MicroBatch):
 
             def fold(i: int, spec: GoldTable) -> None:
                 if not self.written(spec, ctx):
-                    rows = self.updates(spec, batch, watermark).persist()
+                    rows = self.updates(spec, batch, watermark, seen["earliest"]).persist()
                     cached.append(rows)
                     folded[i] = (spec, rows, *self.sizes(spec, rows))
 
             together(*[(lambda i=i, spec=spec: fold(i, spec)) for i, spec in enumerate(self.tables)])
             changed = [f for f in folded if f is not None]
             gated = [(self.gates[spec.table], T.quality_view(live_rows(spec, touched(rows)), cfg.profile.dimension), live)
-                     for spec, rows, n, live in changed if live and spec.table in self.gates]
+                     for spec, rows, n, live, _ in changed if live and spec.table in self.gates]
             gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
                                  lineage, ctx.replay) if gated else None)
             writes = []
-            for spec, rows, n, _ in changed:
+            for spec, rows, n, _, window_from in changed:
                 if not n:
                     continue
                 close_behind = not spec.windowed and self.stale_behind
-                writes.append(lambda spec=spec, rows=rows, close_behind=close_behind: merge(
+                writes.append(lambda spec=spec, rows=rows, close_behind=close_behind, window_from=window_from: merge(
                     rows.sparkSession, cfg, self.paths[spec.table], spec, rows.drop(T.CLOSING), watermark, ctx,
-                    close_behind))
+                    close_behind, window_from))
                 if spec.publish and cfg.gold.stats_to_kafka:
                     writes.append(lambda spec=spec, rows=rows: publish_stats(cfg, spec, touched(rows)))
-            counts = dict(rows_written=sum(n for _, _, n, _ in changed), quality_ms=gate.ms if gate else None)
+            counts = dict(rows_written=sum(f[2] for f in changed), quality_ms=gate.ms if gate else None)
             key = {TXN: {"app": batch_key(ctx), "version": ctx.batch_id}}
             with commit_metadata(batch.sparkSession, {**lineage, **key}):
                 committed = self.commit(ctx, counts, *writes, gate.record if gate else None)
@@ -244,15 +258,17 @@ class GoldBatch(MicroBatch):
             batch.unpersist()
 
     @staticmethod
-    def sizes(spec: GoldTable, rows: DataFrame) -> tuple[int, int]:
+    def sizes(spec: GoldTable, rows: DataFrame) -> tuple[int, int, str | None]:
         """The rows the batch's events changed (the windows they touched, the sessions the
-        stateful operator emitted) and the live ones of those (the gate's row count), in one
-        Spark job, which also fills the cache of `rows`."""
+        stateful operator emitted), the live ones of those (the gate's row count) and, for
+        windows, the earliest window_start of `rows` (a literal for the MERGE), in one Spark
+        job, which also fills the cache of `rows`."""
         if spec.windowed:
-            n = rows.agg(F.count_if(~F.col(T.CLOSING)).alias("n")).first()["n"]
-            return n, n
+            r = rows.agg(F.count_if(~F.col(T.CLOSING)).alias("n"),
+                         F.date_format(F.min("window_start"), LITERAL_TS).alias("first")).first()
+            return r["n"], r["n"], r["first"]
         r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE_SESSION)).alias("live")).first()
-        return r["n"], r["live"]
+        return r["n"], r["live"], None
 
 
 def touched(rows: DataFrame) -> DataFrame:

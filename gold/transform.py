@@ -162,6 +162,20 @@ def combine(part: DataFrame, current: DataFrame, keys, measures, close_at_ms: in
             .select(*part.columns, *([] if close_at_ms is None else [CLOSING])))
 
 
+def open_or_after(table: DataFrame, earliest_event: str | None) -> DataFrame:
+    """The rows of a windowed table a micro-batch's fold can need: those not finalized (the
+    watermark may close them) and those whose window ends after the batch's earliest event
+    (`earliest_event`, a timestamp literal in the session's time zone; None: the batch has no
+    event). Every window an event touches ends after it, and is not finalized either (no event
+    reaches a final window, see `late`), so the second test only guards that. The finalized
+    past, which grows with every hour of events, is filtered out at the scan, before the full
+    join's shuffle."""
+    current = ~F.col("finalized")
+    if earliest_event is not None:
+        current = current | (F.col("window_end") > F.expr(f"TIMESTAMP '{earliest_event}'"))
+    return table.where(current)
+
+
 def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
     """A window is final once its end is at or behind the watermark: no later event can reach it."""
     return windows.withColumn("finalized", _final(watermark_ms))

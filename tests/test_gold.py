@@ -645,6 +645,59 @@ def test_combine_returns_the_windows_a_watermark_closes_from_the_same_read_of_th
     assert T.combine(part, table, ("window_start", "zip"), measures).count() == 2
 
 
+def test_the_fold_reads_the_open_windows_and_those_after_the_batch_earliest_event(spark):
+    """Of a windowed table, a batch's fold reads the rows not finalized (the watermark may close
+    them) and any ending after the batch's earliest event (the windows it can touch); the
+    finalized past is filtered out at the scan."""
+    from gold import transform as T
+
+    table = spark.sql("""SELECT * FROM VALUES
+        (timestamp'2026-01-01 00:10:00', true,  'old, final'),
+        (timestamp'2026-01-01 00:20:00', false, 'open'),
+        (timestamp'2026-01-01 00:40:00', true,  'final, ends after the earliest event')
+        AS t(window_end, finalized, what)""")
+    read = lambda earliest: {r.what for r in T.open_or_after(table, earliest).collect()}  # noqa: E731
+    assert read("2026-01-01 00:30:00.000000") == {"open", "final, ends after the earliest event"}
+    assert read("2026-01-01 00:45:00.000000") == {"open"}
+    assert read(None) == {"open"}                   # a batch without events (sessions only)
+
+
+def test_a_windowed_merge_skips_the_files_of_windows_the_batch_did_not_change(spark, cfg, tmp_path):
+    """The MERGE's condition bounds the target's window_start by the earliest one the batch
+    changes (implied by the keys): Delta skips the files of older windows by their stats in the
+    log and never opens them. Here the file of the final past is deleted from under the table:
+    the bounded MERGE does not notice, the unbounded one reads it and fails."""
+    from gold.job import LITERAL_TS, merge
+
+    spec = SPEC["sightings"]
+
+    def rows(hours, sightings, final):
+        return spark.sql(f"""SELECT timestamp'2026-11-01 00:00:00' + make_interval(0, 0, 0, 0, h, 0, 0) AS window_start,
+            timestamp'2026-11-01 01:00:00' + make_interval(0, 0, 0, 0, h, 0, 0) AS window_end,
+            '94103' AS zip_code, false AS unknown_device, {sightings}L AS sightings, 10L AS events,
+            {str(final).lower()} AS finalized FROM VALUES {", ".join(f"({h})" for h in hours)} AS v(h)""")
+
+    def table_with_its_past_deleted(name: str) -> str:
+        path = tmp_path / name
+        rows(range(0, 5), 1, True).coalesce(1).write.format("delta").save(str(path))   # the final past
+        (past,) = list(path.glob("*.parquet"))
+        rows(range(5, 7), 2, False).coalesce(1).write.format("delta").mode("append").save(str(path))
+        past.unlink()
+        return str(path)
+
+    updates = rows([6, 7], 3, False)
+    first = updates.select(F.date_format(F.min("window_start"), LITERAL_TS)).first()[0]
+    bounded = table_with_its_past_deleted("bounded")
+    merge(spark, cfg, bounded, spec, updates, 0, None, close_behind=False, window_from=first)
+    now = (spark.read.format("delta").load(bounded).where(f"window_start >= TIMESTAMP '2026-11-01 05:00:00'")
+           .select(F.hour("window_start").alias("h"), "sightings").collect())
+    assert sorted(map(tuple, now)) == [(5, 2), (6, 3), (7, 3)]
+    unbounded = table_with_its_past_deleted("unbounded")
+    with pytest.raises(Exception) as failed:
+        merge(spark, cfg, unbounded, spec, updates, 0, None, close_behind=False)
+    assert "parquet" in str(failed.value) and ("not exist" in str(failed.value) or "FileNotFound" in str(failed.value))
+
+
 def test_measures_that_cannot_be_folded_are_refused(tmp_path):
     """A profile measure gold cannot fold batch by batch is a configuration error at start."""
     from common.config import ConfigError
