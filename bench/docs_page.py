@@ -125,6 +125,13 @@ Where the time goes is fixed costs, not rows:
 - Appends keyed by their batch are blind unless the batch is a replay after a crash: Delta
   4.4's own key (`txnAppId`) rebuilds the table's state to look up the last batch written, three
   Spark jobs, about 0.35 s of a one-row ops append's 0.5 s (a blind append takes 0.12 s).
+- A gold batch reads and MERGEs only what it can change: its fold reads the windows not
+  finalized and those ending after its earliest event, and its MERGE bounds `t.window_start` by
+  the earliest window it changes, so Delta skips older windows' files. Before, both joined the
+  table's whole history every batch. At the bench's sizes (gold 0.5 MB) that made no measurable
+  difference; `python -m bench.gold_history` folds one 2,000-window batch into an hourly table
+  of 2,000,000 finalized windows (83 days of 1,000 zip codes): fold 2.01 s and MERGE 1.79 s
+  against 7.40 s and 3.37 s unbounded (medians of 3, alternated).
 - Spark runs no watermark-only batch (`streaming.no_data_batches: false`). Each would write
   nothing: silver's only evicted dedup keys and gold's timed sessions out that the next MERGE
   closes anyway; the next batch with rows does both. An available-now run therefore ends after
