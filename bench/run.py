@@ -420,7 +420,6 @@ def main(argv=None, prog: str = "python -m bench.run") -> int:
     run_dir = OUT / f"run-{stamp}-{args.events}"
     run_dir.mkdir(parents=True)
     result = {"events": args.events, "seed": args.seed, "cores": os.cpu_count(), "sections": sorted(args.sections),
-
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "load_at_start": [round(x, 1) for x in os.getloadavg()], **provenance()}
     env = base_env(run_dir / "lakehouse")
