@@ -24,7 +24,7 @@ import time
 from pyspark.sql import functions as F
 
 from common.config import load_config
-from common.spark import build_spark
+from common.spark import NO_DATA_BATCHES, build_spark
 from gold.transform import windowed_aggregate
 from silver.locations import seed
 from silver.transform import explodes_map, join_dimension, raw_schema
@@ -62,7 +62,7 @@ def main() -> int:
     # Spark's default, unlike the pipeline's (streaming.no_data_batches): in append mode a window
     # or session is written only by a batch whose watermark has passed it, so the run's last
     # ones come out of the watermark-only batch after the last batch with rows.
-    spark = build_spark(cfg, "bench-baseline", extra={"spark.sql.streaming.noDataMicroBatches.enabled": "true"})
+    spark = build_spark(cfg, "bench-baseline", extra={NO_DATA_BATCHES: "true"})
     marks["session_s"] = time.monotonic() - started
 
     t = time.monotonic()

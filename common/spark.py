@@ -19,6 +19,8 @@ LOG_CONFIG = f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 LOCAL_FS = "localfs.NioLocalFileSystem"
 LOCAL_FS_CONTEXT = "localfs.NioLocalFs"
+# Spark's switch for micro-batches that only move the watermark (conf streaming.no_data_batches).
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 # C1 only, with a code cache large enough that C1 never fills it and switches the JIT off mid-run.
@@ -104,7 +106,7 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         # sessions' operator got no watermark, and no session ever timed out.
         "spark.sql.streaming.statefulOperator.allowMultiple": "false",
         # Watermark-only batches (conf streaming.no_data_batches): they write nothing here.
-        "spark.sql.streaming.noDataMicroBatches.enabled": str(cfg.streaming.no_data_batches).lower(),
+        NO_DATA_BATCHES: str(cfg.streaming.no_data_batches).lower(),
         **state_checkpointing(cfg),
         # Local paths through Java's file API instead of Hadoop's shell-outs (jvm/localfs): without
         # Hadoop's native library every file created forked `chmod` and every checkpoint or log

@@ -16,6 +16,7 @@ from common.config import load_config
 from common.delta import local_frame
 from common.lineage import read_nothing
 from common.schemas import BATCH_ACCOUNTING, QUERY_PROGRESS
+from common.spark import NO_DATA_BATCHES
 
 
 def test_local_frame_holds_the_same_rows_as_create_dataframe_in_one_partition(spark):
@@ -149,10 +150,9 @@ def test_available_now_runs_leave_state_versions_past_the_retention_deleted(spar
     retain, key = 3, "spark.sql.streaming.minBatchesToRetain"
     # Each run also commits its watermark-only batch (off in the pipeline's conf): 8 versions, so
     # versions past the retention pile up unless maintenance deletes them.
-    no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
-    previous = {k: spark.conf.get(k) for k in (key, no_data)}
+    previous = {k: spark.conf.get(k) for k in (key, NO_DATA_BATCHES)}
     spark.conf.set(key, str(retain))
-    spark.conf.set(no_data, "true")
+    spark.conf.set(NO_DATA_BATCHES, "true")
     held = []
 
     def run(hold_s: float = 0.0) -> None:

@@ -28,6 +28,7 @@ from common.config import load_config
 from common.quality import load_suites
 from common.lineage import batch_watermark_ms, parse, read_nothing
 from common.errors import JobError
+from common.spark import NO_DATA_BATCHES
 from gold import sessions as S
 from gold.job import EVENT, GoldBatch, start
 from gold.tables import gold_tables
@@ -117,8 +118,6 @@ def append_silver(spark, cfg, events: list[dict], batch_id: int = 0, frontier_ms
      .write.format("delta").mode("append").partitionBy("event_date")
      .save(cfg.table_path("silver", "camera_events")))
 
-
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def run_gold(spark, cfg, only=None, suites=None, no_data_batch=True) -> dict[str, list[dict]]:

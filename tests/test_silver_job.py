@@ -25,6 +25,7 @@ from common.delta import ensure_table
 from common.lineage import read_nothing
 from common.quality import load_suites
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
+from common.spark import NO_DATA_BATCHES
 from silver import job as silver_job
 from silver import transform as T
 from silver.job import QUERY, SilverBatch, start
@@ -79,8 +80,6 @@ def write_locations(path: Path, rows=KNOWN) -> Path:
     path.write_text("device_id,zip_code,city,state\n" + "".join(",".join(r) + "\n" for r in rows))
     return path
 
-
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def run_silver(spark, cfg, suite=None, no_data_batch: bool | None = None) -> list[int]:
