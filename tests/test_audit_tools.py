@@ -264,3 +264,50 @@ def test_silver_rows_are_placed_by_their_batch_key_and_fall_back_when_a_commit_h
     batches = [P.Batch(0, 2, 0), P.Batch(1, 4, 0)]
     placed = {r.event_id: r[P.ROW_VERSION] for r in P.silver_rows(spark, path, 4, batches, None).collect()}
     assert placed == {"a": 2, "b": 2, "c": 2, "d": 4}
+
+
+def test_each_silver_prefix_read_from_one_cached_snapshot_equals_its_own_version(spark, tmp_path):
+    """A silver table of keyed appends is read once for the whole audit; each version's rows are
+    then a filter of that read, and must be the rows that version holds, placed the same. A
+    schema change between the versions asked for, or a table the keys cannot place, makes each
+    prefix read on its own again."""
+    from collections import Counter
+
+    from audit import prefix as P
+    from common.delta import idempotent_append
+
+    path = str(tmp_path / "silver")
+    schema = "event_id STRING, silver_batch_id LONG"
+
+    def append(batch: int, ids: list[str]) -> None:
+        idempotent_append(spark.createDataFrame([(i, batch) for i in ids], schema).coalesce(1), path,
+                          "silver-q1-events", batch, replay=False)
+
+    def rows(frame) -> Counter:
+        return Counter((r.event_id, r[P.ROW_VERSION]) for r in frame.select("event_id", P.ROW_VERSION).collect())
+
+    spark.createDataFrame([], schema).write.format("delta").save(path)       # version 0, no rows
+    append(0, ["a", "b"])                                                    # version 1
+    append(1, ["c"])                                                         # version 2
+    spark.sql(f"OPTIMIZE delta.`{path}`")                                    # version 3: same rows
+    append(2, ["d", "e"])                                                    # version 4
+    stamps = P.row_versions_of(spark, path)
+    prefixes = P.SilverPrefixes(spark, path, [1, 2, 3, 4], [], stamps)
+    try:
+        assert prefixes.cached is not None
+        for version in (0, 1, 2, 3, 4):
+            assert rows(prefixes.at(version)) == rows(P.silver_rows(spark, path, version, [], stamps)), version
+        assert rows(prefixes.at(1)) == Counter({("a", 1): 1, ("b", 1): 1})
+    finally:
+        prefixes.release()
+
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (zone STRING)")       # version 5
+    append(3, ["f"])                                                         # version 6
+    stamps = P.row_versions_of(spark, path)
+    before_change = P.SilverPrefixes(spark, path, [2, 4], [], stamps)
+    assert before_change.cached is not None
+    before_change.release()
+    apart = P.SilverPrefixes(spark, path, [2, 6], [], stamps)
+    assert apart.cached is None
+    assert rows(apart.at(2)) == Counter({("a", 1): 1, ("b", 1): 1, ("c", 2): 1})
+    assert P.SilverPrefixes(spark, path, [2, 4], [], None).cached is None    # placed by snapshots
