@@ -219,6 +219,23 @@ def test_both_clis_end_to_end(spark, cfg, table, env):
 
 # --- which silver version added a row ---------------------------------------------------------
 
+SILVER_SCHEMA = "event_id STRING, silver_batch_id LONG"
+
+
+def silver_appender(spark, path: str):
+    """append(batch, ids, app): one silver commit of `ids` for `batch`, keyed (app, batch) as
+    silver keys its commits, or with no key when `app` is None."""
+    from common.delta import idempotent_append
+
+    def append(batch: int, ids: list[str], app: str | None = "silver-q1-events") -> None:
+        df = spark.createDataFrame([(i, batch) for i in ids], SILVER_SCHEMA).coalesce(1)
+        if app is None:
+            df.write.format("delta").mode("append").save(path)
+        else:
+            idempotent_append(df, path, app, batch, replay=False)
+    return append
+
+
 def test_silver_rows_are_placed_by_their_batch_key_and_fall_back_when_a_commit_has_none(spark, tmp_path):
     """Silver has no row tracking: the audit places each row by its silver_batch_id and the key
     of the commit that appended that batch. OPTIMIZE keeps the placement; an append without a
@@ -226,19 +243,11 @@ def test_silver_rows_are_placed_by_their_batch_key_and_fall_back_when_a_commit_h
     from delta.tables import DeltaTable
 
     from audit import prefix as P
-    from common.delta import idempotent_append
 
     path = str(tmp_path / "silver")
-    schema = "event_id STRING, silver_batch_id LONG"
+    append = silver_appender(spark, path)
 
-    def append(batch: int, ids: list[str], app: str | None = "silver-q1-events") -> None:
-        df = spark.createDataFrame([(i, batch) for i in ids], schema).coalesce(1)
-        if app is None:
-            df.write.format("delta").mode("append").save(path)
-        else:
-            idempotent_append(df, path, app, batch, replay=False)
-
-    spark.createDataFrame([], schema).write.format("delta").save(path)       # version 0, no rows
+    spark.createDataFrame([], SILVER_SCHEMA).write.format("delta").save(path)  # version 0, no rows
     append(0, ["a", "b"])                                                    # version 1
     append(1, ["c"])                                                         # version 2
     DeltaTable.forPath(spark, path).optimize().executeCompaction()           # version 3: same rows
@@ -257,7 +266,7 @@ def test_silver_rows_are_placed_by_their_batch_key_and_fall_back_when_a_commit_h
     append(3, ["e"], app="silver-q2-events")       # a second checkpoint's batch ids
     assert P.row_versions_of(spark, path) is None
     other = str(tmp_path / "hand")
-    spark.createDataFrame([("x", 0)], schema).write.format("delta").save(other)
+    spark.createDataFrame([("x", 0)], SILVER_SCHEMA).write.format("delta").save(other)
     assert P.row_versions_of(spark, other) is None  # rows appended without a key
 
     # Fallback: the first batch bound whose snapshot holds the event.
@@ -271,22 +280,15 @@ def test_each_silver_prefix_read_from_one_cached_snapshot_equals_its_own_version
     then a filter of that read, and must be the rows that version holds, placed the same. A
     schema change between the versions asked for, or a table the keys cannot place, makes each
     prefix read on its own again."""
-    from collections import Counter
-
     from audit import prefix as P
-    from common.delta import idempotent_append
 
     path = str(tmp_path / "silver")
-    schema = "event_id STRING, silver_batch_id LONG"
-
-    def append(batch: int, ids: list[str]) -> None:
-        idempotent_append(spark.createDataFrame([(i, batch) for i in ids], schema).coalesce(1), path,
-                          "silver-q1-events", batch, replay=False)
+    append = silver_appender(spark, path)
 
     def rows(frame) -> Counter:
         return Counter((r.event_id, r[P.ROW_VERSION]) for r in frame.select("event_id", P.ROW_VERSION).collect())
 
-    spark.createDataFrame([], schema).write.format("delta").save(path)       # version 0, no rows
+    spark.createDataFrame([], SILVER_SCHEMA).write.format("delta").save(path)  # version 0, no rows
     append(0, ["a", "b"])                                                    # version 1
     append(1, ["c"])                                                         # version 2
     spark.sql(f"OPTIMIZE delta.`{path}`")                                    # version 3: same rows

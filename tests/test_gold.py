@@ -119,7 +119,6 @@ def append_silver(spark, cfg, events: list[dict], batch_id: int = 0, frontier_ms
      .save(cfg.table_path("silver", "camera_events")))
 
 
-
 def run_gold(spark, cfg, only=None, suites=None, no_data_batch=True) -> dict[str, list[dict]]:
     """Start gold (available-now) and wait for every query (each batch records its accounting).
     Returns, per query name, the progress of the micro-batches this run executed.

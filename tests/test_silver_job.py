@@ -81,7 +81,6 @@ def write_locations(path: Path, rows=KNOWN) -> Path:
     return path
 
 
-
 def run_silver(spark, cfg, suite=None, no_data_batch: bool | None = None) -> list[int]:
     """One available-now run of the silver query; returns the ids of the micro-batches it
     executed. Raises StreamingQueryException if the query failed. `no_data_batch`: whether the
