@@ -207,8 +207,20 @@ def is_object_store(path) -> bool:
 
 
 def is_delta_table(path) -> bool:
-    """Whether path holds a Delta table (has a _delta_log)."""
-    return (location(path) / "_delta_log").is_dir()
+    """Whether path holds a Delta table: a _delta_log with a commit or a checkpoint in it. A
+    process killed while creating a table leaves the folder and a _delta_log holding no commit
+    (Delta makes its _staged_commits folder first), which Delta refuses to read as a table:
+    counted as one, it failed every restart that registered or read it."""
+    log = location(path) / "_delta_log"
+    if not log.is_dir():
+        return False
+    return any(_is_log_entry(p.name) for p in log.iterdir())
+
+
+def _is_log_entry(name: str) -> bool:
+    # Delta writes a commit to a hidden temporary file first (".<version>.json.<uuid>.tmp").
+    return not name.startswith(".") and (name.endswith(".json") or ".checkpoint" in name
+                                         or name == "_last_checkpoint")
 
 
 def write_atomic(path: Location, data: bytes) -> None:
