@@ -6,8 +6,9 @@ nothing was lost or duplicated.
 The three jobs run as separate processes on processing-time triggers while landing files keep
 arriving in waves. On a schedule drawn from --seed (printed first), one job's whole process tree
 (the Python driver and its JVM) is killed with SIGKILL and restarted at once. After the last
-kill: available-now bronze, silver and gold drain what is left, `python -m audit --json` runs in
-its own process, and every generated line and event is looked for in bronze and silver. Exit 0
+kill: available-now bronze, silver and gold drain what is left, the audit (`make audit`'s
+run_audit) runs, and every generated line and event is looked for in bronze and silver, both in
+one Spark session of this process. Exit 0
 when every check passes, 1 when one fails, 2 on a usage or setup error. The lakehouse is left
 under --root (default: a new temporary folder) with each job run's log beside it.
 """
@@ -71,7 +72,7 @@ def main(argv=None, prog: str = "chaos") -> int:
         raise JobError(f"{root} is not empty; chaos needs a fresh lakehouse root")
     logs = args.logs or (root.parent / f"{root.name}-chaos-logs" if isinstance(root, Path)
                          else Path(tempfile.mkdtemp(prefix="chaos-logs-")))
-    summary = run(cfg, root, s, env, logs)
+    summary = run(cfg, root, s, logs)
     text = json.dumps(summary, indent=2, default=str)
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -80,10 +81,10 @@ def main(argv=None, prog: str = "chaos") -> int:
     return 0 if summary["ok"] else 1
 
 
-def run(cfg, root, s, env: dict, logs: Path) -> dict:
+def run(cfg, root, s, logs: Path) -> dict:
     from chaos.checks import verify
     from chaos.feed import Feeder
-    from chaos.run import UNITS, Session, run_audit
+    from chaos.run import UNITS, Session
 
     print(f"chaos: lakehouse {root}", flush=True)
     feeder = Feeder(cfg, s.seed, s.events_per_wave, s.files_per_wave, s.wave_span_s)
@@ -104,19 +105,31 @@ def run(cfg, root, s, env: dict, logs: Path) -> dict:
         summary.update(ok=False, checks=[{"name": "drain", "ok": False,
                                           "detail": f"exit {outcome.drain_code}; see {outcome.drain_log}"}])
         return summary
-    print("chaos: audit (python -m audit --json)", flush=True)
-    code, report, err = run_audit(root, env)
-    if report is None:
-        print(err, file=sys.stderr)
     from audit.tables import spark_session
 
+    # The audit shares the checks' session: one JVM start after the drain instead of two.
     with spark_session(cfg, app="chaos-checks") as spark:
+        print("chaos: audit", flush=True)
+        code, report = _audit(spark, cfg)
         checks = verify(spark, cfg, feeder.expected, code, report)
     summary.update(checks=[c.as_dict() for c in checks.items], figures=checks.figures,
                    audit_exit=code, audit_seconds=(report or {}).get("seconds"),
                    audit_failures=(report or {}).get("failures"),
                    ok=checks.ok and not outcome.unexpected_exits)
     return summary
+
+
+def _audit(spark, cfg) -> tuple[int, dict | None]:
+    """`make audit`'s report and exit code (0 pass, 1 fail). An audit that raises is a failed
+    check with its error printed, not a crashed chaos run: the other checks still report."""
+    from audit.__main__ import run_audit
+
+    try:
+        report = run_audit(spark, cfg)
+    except Exception as e:          # noqa: BLE001 - reported as the failed "audit passes" check
+        print(f"chaos: the audit raised {type(e).__name__}: {e}", file=sys.stderr)
+        return 2, None
+    return (0 if report["ok"] else 1), report
 
 
 def _print_summary(s: dict) -> None:

@@ -8,7 +8,6 @@ depends on the machine's speed).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -291,14 +290,3 @@ class Session:
         if self.outcome.drain_code != 0:
             tail = log.read_text(errors="replace").splitlines()[-DRAIN_TAIL_LINES:]
             self.say("drain log, last lines:\n" + "\n".join(f"  | {line[:300]}" for line in tail))
-
-
-def run_audit(root, env: dict) -> tuple[int, dict | None, str]:
-    """`python -m audit --json` in its own process: (exit code, report, stderr tail)."""
-    env = dict(env, LAKEHOUSE_ROOT=str(root))
-    proc = subprocess.run([sys.executable, "-m", "audit", "--json"], env=env, capture_output=True, text=True)
-    try:
-        report = json.loads(proc.stdout)
-    except ValueError:
-        report = None
-    return proc.returncode, report, proc.stderr[-3000:]
