@@ -2,6 +2,7 @@
 commit metadata."""
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 
 from delta.tables import DeltaTable
@@ -9,6 +10,9 @@ from delta.tables import DeltaTable
 from common.catalog import register_table
 from common.config import Config
 from common.lineage import USER_METADATA_CONF, to_user_metadata
+from common.storage import remove_uncommitted_log
+
+logger = logging.getLogger(__name__)
 
 
 def retention_properties(cfg: Config) -> dict[str, str]:
@@ -125,6 +129,9 @@ def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_b
         align_properties(spark, path, wanted)
         add_missing_columns(spark, path, schema)
     else:
+        if remove_uncommitted_log(path):
+            logger.warning(f"{layer}.{table}: a run was killed while creating it, before its first "
+                           "commit; created again")
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if partition_by:
             builder = builder.partitionedBy(*partition_by)

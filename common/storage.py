@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Union
@@ -153,6 +154,10 @@ class ObjectPath:
             if not missing_ok:
                 raise
 
+    def remove_tree(self) -> None:
+        """Delete every object under this prefix."""
+        self._fs.delete_dir(self._at)
+
     def iterdir(self) -> Iterator["ObjectPath"]:
         from pyarrow.fs import FileSelector
 
@@ -215,6 +220,21 @@ def is_delta_table(path) -> bool:
     if not log.is_dir():
         return False
     return any(_is_log_entry(p.name) for p in log.iterdir())
+
+
+def remove_uncommitted_log(path) -> bool:
+    """Delete the _delta_log a killed table creation left without a commit; True if there was
+    one. Delta reads such a folder as a table that exists yet cannot be found, so creating the
+    table there fails (DELTA_TABLE_NOT_FOUND) on every restart. Nothing is lost: no commit, no
+    table."""
+    log = location(path) / "_delta_log"
+    if not log.is_dir() or is_delta_table(path):
+        return False
+    if isinstance(log, ObjectPath):
+        log.remove_tree()
+    else:
+        shutil.rmtree(log, ignore_errors=True)
+    return True
 
 
 def _is_log_entry(name: str) -> bool:
