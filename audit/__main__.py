@@ -25,6 +25,7 @@ from audit import prefix as P
 from audit.history import table_history
 from audit.report import render
 from audit.tables import TableError, existing, resolve, spark_session
+from common.batch import together
 from common.errors import command
 from common.config import load_config
 
@@ -43,7 +44,7 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
     # The tables' histories, and below each gold table's checks, side by side: each is many
     # small Spark jobs and Delta log reads, mostly driver time, which two threads overlap even
     # on two cores (a fresh process's audit of a small lakehouse: 30 s one at a time).
-    histories = _side_by_side({n: (lambda n=n: table_history(spark, paths[n])) for n in names})
+    histories = dict(zip(names, together(*[(lambda n=n: table_history(spark, paths[n])) for n in names])))
     present = set(existing(cfg))
     if "ops.batch_accounting" in present and "ops.batch_accounting" not in histories:
         histories["ops.batch_accounting"] = table_history(spark, paths["ops.batch_accounting"])
@@ -87,7 +88,7 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
     work = {name: (lambda name=name: gold(name)) for name in names if name.startswith("gold.")}
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
         work[silver_name + " books"] = lambda: B.silver_books(spark, cfg, paths, recorded).as_dict()
-    done = _side_by_side(work)
+    done = dict(zip(work, together(*work.values())))
     report["tables"] = [entries[n] for n in names]
     report["accounting"] = [books for books in (done.pop(silver_name + " books", None), *done.values())
                             if books is not None]
@@ -95,15 +96,6 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
     report["ok"] = not report["failures"]
     report["seconds"] = round(time.monotonic() - started, 1)
     return report
-
-
-def _side_by_side(work: dict) -> dict:
-    """Each thunk's result by its key (in the keys' order), run on threads side by side."""
-    from common.batch import together
-
-    results = {}
-    together(*[(lambda k=k, f=f: results.__setitem__(k, f())) for k, f in work.items()])
-    return {k: results[k] for k in work}
 
 
 def _conditions(error) -> list[str]:

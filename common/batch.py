@@ -105,32 +105,32 @@ class MicroBatch(QueryBody):
                      ctx.app_id, ctx.lineage, rows, ctx.replay)
 
 
-def together(*writes) -> None:
+def together(*writes) -> list:
     """Run independent writes of one batch at once, each on its own thread (Spark local
-    properties, so the FAIR pool, are inherited). A Delta commit is mostly driver-side waiting
-    (log listing, small jobs, the commit file), so two overlap well even on two cores. Every
-    write is idempotent per batch, so a crash between them is repaired by the replay. The
-    first error is raised once all have finished."""
+    properties, so the FAIR pool, are inherited), and return their results in order (None for
+    a None write). A Delta commit is mostly driver-side waiting (log listing, small jobs, the
+    commit file), so two overlap well even on two cores. Every write is idempotent per batch, so
+    a crash between them is repaired by the replay. The first error is raised once all have
+    finished."""
     from pyspark import InheritableThread
 
-    writes = [w for w in writes if w is not None]
-    if len(writes) <= 1:
-        for w in writes:
-            w()
-        return
+    results: list = [None] * len(writes)
     errors: list[BaseException] = []
 
-    def run(write):
+    def run(i, write):
         try:
-            write()
+            results[i] = write()
         except BaseException as e:   # noqa: BLE001 - re-raised on the batch's thread
             errors.append(e)
 
-    threads = [InheritableThread(target=run, args=(w,)) for w in writes[1:]]
+    todo = [(i, w) for i, w in enumerate(writes) if w is not None]
+    threads = [InheritableThread(target=run, args=iw) for iw in todo[1:]]
     for t in threads:
         t.start()
-    run(writes[0])
+    if todo:
+        run(*todo[0])
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
+    return results

@@ -359,12 +359,7 @@ def check_tables(gated: list[tuple["QualityGate", object, int | None]], spark, p
     from common.batch import together
 
     started = time.monotonic()
-    found: list = [None] * len(gated)
-
-    def validate(i, gate, df, rows):
-        found[i] = gate.validate(df, rows)
-
-    together(*[(lambda i=i, g=g: validate(i, *g)) for i, g in enumerate(gated)])
+    found = together(*[(lambda g=g: g[0].validate(g[1], g[2])) for g in gated])
     checked = [(outcomes, gate.suite) for outcomes, (gate, _, _) in zip(found, gated)]
     run = GateRun([o for outcomes, _ in checked for o in outcomes], int((time.monotonic() - started) * 1000),
                   lambda: write_results(spark, path, checked, query, batch_id, app_id, metadata, replay))

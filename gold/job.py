@@ -222,15 +222,14 @@ class GoldBatch(MicroBatch):
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
             # jobs are small, and one at a time the driver's part of each was most of a batch.
-            folded: list = [None] * len(self.tables)
+            def fold(spec: GoldTable) -> tuple | None:
+                if self.written(spec, ctx):
+                    return None
+                rows = self.updates(spec, batch, watermark, seen["earliest"]).persist()
+                cached.append(rows)
+                return (spec, rows, *self.sizes(spec, rows))
 
-            def fold(i: int, spec: GoldTable) -> None:
-                if not self.written(spec, ctx):
-                    rows = self.updates(spec, batch, watermark, seen["earliest"]).persist()
-                    cached.append(rows)
-                    folded[i] = (spec, rows, *self.sizes(spec, rows))
-
-            together(*[(lambda i=i, spec=spec: fold(i, spec)) for i, spec in enumerate(self.tables)])
+            folded = together(*[(lambda spec=spec: fold(spec)) for spec in self.tables])
             changed = [f for f in folded if f is not None]
             gated = [(self.gates[spec.table], T.quality_view(live_rows(spec, touched(rows)), cfg.profile.dimension), live)
                      for spec, rows, n, live, _ in changed if live and spec.table in self.gates]

@@ -34,7 +34,7 @@ def test_local_frame_holds_the_same_rows_as_create_dataframe_in_one_partition(sp
     assert local_frame(spark, one, BATCH_ACCOUNTING).collect() == spark.createDataFrame(one, BATCH_ACCOUNTING).collect()
 
 
-def test_together_runs_writes_at_once_inherits_the_pool_and_raises_the_first_error(spark):
+def test_together_runs_writes_at_once_returns_their_results_inherits_the_pool_and_raises_the_first_error(spark):
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", "silver")
     started, pools = [], []
 
@@ -42,11 +42,12 @@ def test_together_runs_writes_at_once_inherits_the_pool_and_raises_the_first_err
         def run():
             started.append(time.monotonic())
             pools.append(spark.sparkContext.getLocalProperty("spark.scheduler.pool"))
-            time.sleep(0.5)
+            time.sleep(0.5 - 0.1 * n)    # the last started ends first: results keep their order
+            return n * 10
         return run
 
     t0 = time.monotonic()
-    together(write(1), None, write(2), write(3))
+    assert together(write(1), None, write(2), write(3)) == [10, None, 20, 30]
     assert len(started) == 3 and max(started) - t0 < 0.45, "the writes did not start together"
     assert pools == ["silver"] * 3
 
