@@ -175,6 +175,7 @@ class GoldBatch(MicroBatch):
     def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None):
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", None, books)
         self.tables = tuple(tables)
+        self.windowed = any(t.windowed for t in tables)   # the batch then hands over its events
         self.gates = gates                   # table -> QualityGate (tables without a suite: none)
         self.paths = {t.table: cfg.table_path("gold", t.table) for t in tables}
         # Whether the sessions table may hold rows the watermark has passed that no later batch
@@ -210,14 +211,18 @@ class GoldBatch(MicroBatch):
         batch.persist()
         cached: list[DataFrame] = []
         try:
-            # A batch that read no row (one that only moved the watermark) writes nothing:
-            # marking the windows it made final, or the sessions it timed out, would cost a
-            # MERGE for a flag. The next batch with rows marks them in its MERGE. (It still ran:
-            # its state was committed.)
+            # A batch that brought no on-time event writes nothing: a no-data batch (it only
+            # moved the watermark), one over silver commits that changed no data (a compaction)
+            # or one of late rows only. What it would write is the sessions its watermark timed
+            # out and the windows it made final: a MERGE for a flag. The next batch with events
+            # marks them in its MERGE. (It still ran: its state was committed.) A selection of
+            # the sessions table alone hands over no events, so there only an empty or no-data
+            # batch is skipped.
             # One job counts the batch (and fills its cache) and finds its earliest event.
-            seen = batch.agg(F.count(F.lit(1)).alias("n"),
+            seen = batch.agg(F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
                              F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest")).first()
-            if not seen["n"] or read_nothing(self.checkpoint, ctx.batch_id):
+            brought = seen["events"] if self.windowed else seen["n"]
+            if not brought or read_nothing(self.checkpoint, ctx.batch_id):
                 self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the

@@ -894,6 +894,49 @@ def test_sessions_close_as_the_watermark_moves_within_one_run(spark, tmp_path):
         drop_names(spark)
 
 
+def test_a_batch_over_a_silver_compaction_writes_nothing_and_the_next_one_marks_what_it_closed(spark, tmp_path):
+    """OPTIMIZE of silver is a commit that changes no data: gold still runs a batch over it, which
+    reads no row but has the watermark the last events moved, so it times sessions out and makes
+    windows final. It writes nothing (no gold version, no gate, no MERGE: an empty batch stays
+    cheap) and books its accounting row; the next batch with events closes and finalizes them."""
+    cfg = lakehouse_cfg(tmp_path, TRIGGER="processing-time", TRIGGER_INTERVAL="1 second")
+    early = [ev(f"e{i}", d, i * MIN, person=True) for i, d in enumerate(["a1", "a2"])]
+    later = [ev("l0", "b1", 5 * HOUR)]
+    silver_path = cfg.table_path("silver", "camera_events")
+    tables = {t: cfg.table_path("gold", t) for t in ("zip_hourly_sightings", "device_activity", "device_sessions")}
+    try:
+        append_silver(spark, cfg, early)
+        (query,) = start(spark, cfg)
+        try:
+            query.processAllAvailable()
+            append_silver(spark, cfg, later, batch_id=1, frontier_ms=max(e["t"] for e in early))
+            query.processAllAvailable()
+            versions = {t: DeltaTable.forPath(spark, p).history(1).first().version for t, p in tables.items()}
+            spark.sql(f"OPTIMIZE delta.`{silver_path}`")
+            assert DeltaTable.forPath(spark, silver_path).history(1).first().operation == "OPTIMIZE"
+            query.processAllAvailable()
+            after_compaction = {t: DeltaTable.forPath(spark, p).history(1).first().version for t, p in tables.items()}
+            append_silver(spark, cfg, [ev("x", "b1", 5 * HOUR + 10 * MIN)], batch_id=2, frontier_ms=later[0]["t"])
+            query.processAllAvailable()
+            progress = list(query.recentProgress)
+        finally:
+            query.stop()
+        empty = [p["batchId"] for p in progress if not p["numInputRows"]]
+        assert len(empty) == 1, [(p["batchId"], p["numInputRows"]) for p in progress]
+        assert batch_watermark_ms(cfg.checkpoint(GOLD), empty[0]) == T0_MS + 4 * HOUR   # b1's event - 1 hour
+        assert after_compaction == versions, "the batch over the compaction made a gold commit"
+        books = {r.batch_id: r.rows_written for r in spark.read.format("delta").load(
+            cfg.table_path("ops", "batch_accounting")).where(f"query = '{GOLD}'").collect()}
+        assert books.get(empty[0]) == 0, books
+        # The next batch with events closed the early sessions and finalized their windows.
+        sessions = bag(read(spark, cfg, "gold", "device_sessions"), ["device_id", "status"])
+        assert sessions == Counter({("a1", "closed"): 1, ("a2", "closed"): 1, ("b1", "open"): 1}), sessions
+        hours = bag(read(spark, cfg, "gold", "zip_hourly_sightings"), ["window_start", "finalized"])
+        assert hours[(T0_MS, True)] >= 1 and not hours[(T0_MS, False)], hours
+    finally:
+        drop_names(spark)
+
+
 # --- merge_events and the state function, in plain pandas -----------------------------------
 
 def events_frame(*times_ms, person=False, motion=False, zip_code="94105", unknown=False):
