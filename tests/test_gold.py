@@ -861,6 +861,28 @@ def test_session_status_follows_the_final_watermark(spark, sessionized):
     assert not gold_batches & set(no_data), "a watermark-only batch made a gold commit"
 
 
+def feed_gold(spark, cfg, first: list[dict], *steps) -> list[dict]:
+    """Silver's first commit, then the gold query (cfg: processing-time) through each step, each
+    followed by processAllAvailable: a list of events is silver's next commit (its frontier the
+    latest event time of the commits before it), a callable runs as it is. Returns the query's
+    progress."""
+    append_silver(spark, cfg, first)
+    fed = [first]
+    (query,) = start(spark, cfg)
+    try:
+        query.processAllAvailable()
+        for step in steps:
+            if callable(step):
+                step()
+            else:
+                append_silver(spark, cfg, step, batch_id=len(fed), frontier_ms=max(e["t"] for b in fed for e in b))
+                fed.append(step)
+            query.processAllAvailable()
+        return list(query.recentProgress)
+    finally:
+        query.stop()
+
+
 def test_sessions_close_as_the_watermark_moves_within_one_run(spark, tmp_path):
     """In a run that goes on (processing-time), each batch's watermark reaches the sessions'
     state function: sessions the watermark passed are closed by the next batch, in the table
@@ -870,18 +892,8 @@ def test_sessions_close_as_the_watermark_moves_within_one_run(spark, tmp_path):
     early = [ev(f"e{i}", d, i * MIN, person=True) for i, d in enumerate(["a1", "a2", "b1"])]
     late = [ev(f"l{i}", d, 5 * HOUR + i * MIN) for i, d in enumerate(["a1", "b2"])]
     try:
-        append_silver(spark, cfg, early)
-        (query,) = start(spark, cfg)
-        try:
-            query.processAllAvailable()
-            append_silver(spark, cfg, late, batch_id=1, frontier_ms=max(e["t"] for e in early))
-            query.processAllAvailable()
-            append_silver(spark, cfg, [ev("x", "b2", 5 * HOUR + 10 * MIN)], batch_id=2,
-                          frontier_ms=max(e["t"] for e in late))
-            query.processAllAvailable()
-            progress = [p for p in query.recentProgress if p["numInputRows"]]
-        finally:
-            query.stop()
+        progress = [p for p in feed_gold(spark, cfg, early, late, [ev("x", "b2", 5 * HOUR + 10 * MIN)])
+                    if p["numInputRows"]]
         assert len(progress) == 3, [(p["batchId"], p["numInputRows"]) for p in progress]
         wm = batch_watermark_ms(cfg.checkpoint(GOLD), progress[-1]["batchId"])
         assert wm == T0_MS + 4 * HOUR + MIN        # the second batch's latest event - 1 hour
@@ -900,31 +912,25 @@ def test_a_batch_over_a_silver_compaction_writes_nothing_and_the_next_one_marks_
     windows final. It writes nothing (no gold version, no gate, no MERGE: an empty batch stays
     cheap) and books its accounting row; the next batch with events closes and finalizes them."""
     cfg = lakehouse_cfg(tmp_path, TRIGGER="processing-time", TRIGGER_INTERVAL="1 second")
-    early = [ev(f"e{i}", d, i * MIN, person=True) for i, d in enumerate(["a1", "a2"])]
-    later = [ev("l0", "b1", 5 * HOUR)]
     silver_path = cfg.table_path("silver", "camera_events")
     tables = {t: cfg.table_path("gold", t) for t in ("zip_hourly_sightings", "device_activity", "device_sessions")}
+    versions = []
+
+    def gold_versions():
+        versions.append({t: DeltaTable.forPath(spark, p).history(1).first().version for t, p in tables.items()})
+
+    def compact_silver():
+        spark.sql(f"OPTIMIZE delta.`{silver_path}`")
+        assert DeltaTable.forPath(spark, silver_path).history(1).first().operation == "OPTIMIZE"
+
     try:
-        append_silver(spark, cfg, early)
-        (query,) = start(spark, cfg)
-        try:
-            query.processAllAvailable()
-            append_silver(spark, cfg, later, batch_id=1, frontier_ms=max(e["t"] for e in early))
-            query.processAllAvailable()
-            versions = {t: DeltaTable.forPath(spark, p).history(1).first().version for t, p in tables.items()}
-            spark.sql(f"OPTIMIZE delta.`{silver_path}`")
-            assert DeltaTable.forPath(spark, silver_path).history(1).first().operation == "OPTIMIZE"
-            query.processAllAvailable()
-            after_compaction = {t: DeltaTable.forPath(spark, p).history(1).first().version for t, p in tables.items()}
-            append_silver(spark, cfg, [ev("x", "b1", 5 * HOUR + 10 * MIN)], batch_id=2, frontier_ms=later[0]["t"])
-            query.processAllAvailable()
-            progress = list(query.recentProgress)
-        finally:
-            query.stop()
+        progress = feed_gold(spark, cfg, [ev(f"e{i}", d, i * MIN, person=True) for i, d in enumerate(["a1", "a2"])],
+                             [ev("l0", "b1", 5 * HOUR)], gold_versions, compact_silver, gold_versions,
+                             [ev("x", "b1", 5 * HOUR + 10 * MIN)])
         empty = [p["batchId"] for p in progress if not p["numInputRows"]]
         assert len(empty) == 1, [(p["batchId"], p["numInputRows"]) for p in progress]
         assert batch_watermark_ms(cfg.checkpoint(GOLD), empty[0]) == T0_MS + 4 * HOUR   # b1's event - 1 hour
-        assert after_compaction == versions, "the batch over the compaction made a gold commit"
+        assert versions[0] == versions[1], "the batch over the compaction made a gold commit"
         books = {r.batch_id: r.rows_written for r in spark.read.format("delta").load(
             cfg.table_path("ops", "batch_accounting")).where(f"query = '{GOLD}'").collect()}
         assert books.get(empty[0]) == 0, books
