@@ -12,8 +12,8 @@ changed are MERGEd by key. The tables are the windows' state, so gold's state st
 sessions only, and a window costs nothing once the batches stop touching it.
 
 Every table holds the current value of every window or session seen so far. Windows whose end
-is behind the watermark of the last batch that brought rows are marked finalized, and sessions
-whose end + gap is behind it closed (status open/closed).
+is behind the watermark of the last batch that brought an on-time event are marked finalized,
+and sessions whose end + gap is behind it closed (status open/closed).
 
 A window's row is the sum of every batch that touched it, so each batch must reach a table
 exactly once: a replayed batch (after a crash) first looks for its own commit in the table's
