@@ -79,6 +79,12 @@ def event_columns(cfg, tables, silver_columns) -> list[str]:
     return [c for c in silver_columns if c.lower() in wanted]
 
 
+def hands_over_events(tables) -> bool:
+    """Whether gold's stream carries the batch's on-time events (column `event`): only the
+    windowed tables read them; a selection of sessions alone gets session updates only."""
+    return any(t.windowed for t in tables)
+
+
 def gold_stream(spark, cfg, tables) -> DataFrame:
     """The gold query's streaming plan: one row per on-time event (column `event`) and one per
     session update (column `session`), from one read and one shuffle of silver."""
@@ -92,7 +98,7 @@ def gold_stream(spark, cfg, tables) -> DataFrame:
     events = T.on_time(silver.observe(INPUT_METRICS, *metrics), wm)
     events = events.select(*event_columns(cfg, tables, [c for c in silver.columns if c != FRONTIER]))
     sessions = next((t for t in tables if not t.windowed), None)
-    windowed = any(t.windowed for t in tables)
+    windowed = hands_over_events(tables)
     if sessions is not None:
         spec = sessions.session_spec(cfg)
         # The stateful operator needs the events hashed by its key: shuffled once here, the
@@ -175,7 +181,7 @@ class GoldBatch(MicroBatch):
     def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None):
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", None, books)
         self.tables = tuple(tables)
-        self.windowed = any(t.windowed for t in tables)   # the batch then hands over its events
+        self.events = hands_over_events(tables)
         self.gates = gates                   # table -> QualityGate (tables without a suite: none)
         self.paths = {t.table: cfg.table_path("gold", t.table) for t in tables}
         # Whether the sessions table may hold rows the watermark has passed that no later batch
@@ -221,7 +227,7 @@ class GoldBatch(MicroBatch):
             # One job counts the batch (and fills its cache) and finds its earliest event.
             seen = batch.agg(F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
                              F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest")).first()
-            brought = seen["events"] if self.windowed else seen["n"]
+            brought = seen["events"] if self.events else seen["n"]
             if not brought or read_nothing(self.checkpoint, ctx.batch_id):
                 self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
