@@ -25,28 +25,33 @@ from pyspark.sql import functions as F
 
 from common.config import load_config
 from common.spark import NO_DATA_BATCHES, build_spark
+from common.streaming import interval
 from gold.transform import windowed_aggregate
 from silver.locations import seed
 from silver.transform import explodes_map, join_dimension, raw_schema
 
 
-def run(stream, table: str, cfg, query: str):
-    """Start an available-now append of `stream` into the Delta table at $root/<table>."""
+def run(stream, table: str, cfg, query: str, layer: str | None = None):
+    """Start an append of `stream` into the Delta table at $root/<table>: available-now, or with
+    `layer`, processing-time at that layer's interval (conf streaming.<layer>_interval)."""
+    when = {"availableNow": True} if layer is None else {"processingTime": interval(cfg, layer).spark()}
     return (stream.writeStream.format("delta").outputMode("append")
             .option("checkpointLocation", str(cfg.root / "_checkpoints" / query))
-            .trigger(availableNow=True).start(str(cfg.root / table)))
+            .trigger(**when).start(str(cfg.root / table)))
 
 
-def events(lines, profile):
-    """JSON lines -> one typed row per element of the explode path, with an event_id."""
+def events(lines, profile, keep: tuple[str, ...] = ()):
+    """JSON lines -> one typed row per element of the explode path, with an event_id; `keep`:
+    columns of `lines` carried to every row."""
     j = F.from_json("value", raw_schema(profile)).alias("j")
-    df, root = lines.select(j), "j"
+    df, root = lines.select(*keep, j), "j"
     if profile.explode_path:
         at = F.col("j." + ".".join(profile.explode_path))
-        df = df.select(F.explode(at).alias("_key", "el") if explodes_map(profile) else F.explode(at).alias("el"))
+        df = df.select(*keep, F.explode(at).alias("_key", "el") if explodes_map(profile)
+                       else F.explode(at).alias("el"))
         root = "el"
-    typed = df.select(*(F.col(".".join((root, *f.path))).try_cast("string" if f.type == "json" else f.type)
-                        .alias(f.name) for f in profile.fields if f.type != "present"))
+    typed = df.select(*keep, *(F.col(".".join((root, *f.path))).try_cast("string" if f.type == "json" else f.type)
+                               .alias(f.name) for f in profile.fields if f.type != "present"))
     for name, expression in profile.derived:
         typed = typed.withColumn(name, F.expr(expression))
     keys = profile.dedup or [f.name for f in profile.fields if f.type != "present"]
@@ -55,10 +60,47 @@ def events(lines, profile):
             .withColumn("event_id", F.sha2(F.concat_ws("|", *(F.col(k).cast("string") for k in keys)), 256)))
 
 
+def silver(spark, cfg, bronze, keep: tuple[str, ...] = ()):
+    """bronze rows -> the silver stream: parsed, deduplicated within the watermark, joined."""
+    profile = cfg.profile
+    out = (events(bronze, profile, keep)
+           .withWatermark("event_time", cfg.silver.dedup_watermark.spark())
+           .dropDuplicatesWithinWatermark(["event_id"]))
+    if profile.dimension:
+        seed(spark, cfg)   # the generator's CSV -> silver.<dimension>, as the silver job does
+        static = spark.read.format("delta").load(cfg.table_path("silver", profile.dimension.table))
+        out = join_dimension(out, static, profile)   # broadcast left join, sets the flag
+    return out
+
+
+def gold(spark, cfg, silver_path: str) -> dict:
+    """Gold table name -> its stream over the silver table, in append mode with gold's watermark."""
+    profile = cfg.profile
+
+    def gold_input():
+        return (spark.readStream.format("delta").load(silver_path)
+                .withWatermark("event_time", cfg.gold.watermark.spark()))
+    tables = {}
+    for agg in profile.aggregations:
+        slide = cfg.duration(agg.slide).spark() if agg.slide else None
+        tables[agg.table] = windowed_aggregate(gold_input(), agg.group, cfg.duration(agg.window).spark(),
+                                               slide, agg.measures)
+    if profile.sessions:
+        s = profile.sessions
+        w = F.session_window("event_time", cfg.duration(s.gap).spark())
+        tables[s.table] = (gold_input().groupBy(w.alias("session"), s.key)
+                           .agg(F.count(F.lit(1)).alias("events"),
+                                *(F.sum(F.expr(e).cast("long")).alias(m) for m, e in s.measures),
+                                *(F.max_by(c, "event_time").alias(c) for c in s.latest))
+                           .select(F.col("session.start").alias("session_start"),
+                                   F.col("session.end").alias("session_end"), "*").drop("session"))
+    return tables
+
+
 def main() -> int:
     started = time.monotonic()
     cfg = load_config()
-    profile, marks = cfg.profile, {}
+    marks = {}
     # Spark's default, unlike the pipeline's (streaming.no_data_batches): in append mode a window
     # or session is written only by a batch whose watermark has passed it, so the run's last
     # ones come out of the watermark-only batch after the last batch with rows.
@@ -72,37 +114,14 @@ def main() -> int:
     marks["bronze_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    silver = (events(spark.readStream.format("delta").load(str(cfg.root / "bronze/events")), profile)
-              .withWatermark("event_time", cfg.silver.dedup_watermark.spark())
-              .dropDuplicatesWithinWatermark(["event_id"]))
-    if profile.dimension:
-        seed(spark, cfg)   # the generator's CSV -> silver.<dimension>, as the silver job does
-        static = spark.read.format("delta").load(cfg.table_path("silver", profile.dimension.table))
-        silver = join_dimension(silver, static, profile)   # broadcast left join, sets the flag
     silver_table = f"silver/{cfg.silver_table}"
-    run(silver, silver_table, cfg, "silver").awaitTermination()
+    run(silver(spark, cfg, spark.readStream.format("delta").load(str(cfg.root / "bronze/events"))),
+        silver_table, cfg, "silver").awaitTermination()
     marks["silver_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    def gold_input():
-        return (spark.readStream.format("delta").load(str(cfg.root / silver_table))
-                .withWatermark("event_time", cfg.gold.watermark.spark()))
-    queries = []
-    for agg in profile.aggregations:
-        slide = cfg.duration(agg.slide).spark() if agg.slide else None
-        table = windowed_aggregate(gold_input(), agg.group, cfg.duration(agg.window).spark(), slide,
-                                   agg.measures)
-        queries.append(run(table, f"gold/{agg.table}", cfg, agg.table))
-    if profile.sessions:
-        s = profile.sessions
-        w = F.session_window("event_time", cfg.duration(s.gap).spark())
-        sessions = (gold_input().groupBy(w.alias("session"), s.key)
-                    .agg(F.count(F.lit(1)).alias("events"),
-                         *(F.sum(F.expr(e).cast("long")).alias(m) for m, e in s.measures),
-                         *(F.max_by(c, "event_time").alias(c) for c in s.latest))
-                    .select(F.col("session.start").alias("session_start"),
-                            F.col("session.end").alias("session_end"), "*").drop("session"))
-        queries.append(run(sessions, f"gold/{s.table}", cfg, s.table))
+    queries = [run(stream, f"gold/{table}", cfg, table)
+               for table, stream in gold(spark, cfg, str(cfg.root / silver_table)).items()]
     for q in queries:   # the gold queries run side by side, as the gold job runs them
         q.awaitTermination()
     marks["gold_s"] = time.monotonic() - t
