@@ -9,7 +9,9 @@
      end-to-end as a multiple of (a)
   c  after the full run, +1% data: the incremental `make run-all` against a from-scratch batch
      recompute of all layers with the same transforms (bench/recompute.py)
-  d  landing -> gold latency, p50/p95, with processing-time triggers and a steady feed
+  d  landing -> gold latency, p50/p95, with processing-time triggers and a steady feed; then
+     (g)'s plain layers as processing-time queries over the same feed (bench/baseline_stream.py):
+     their landing -> silver latency beside the pipeline's
   e  gold state rows over a stream whose event time spans 10x the gold watermark
   f  the quality gate's share of silver batch time (ops.batch_accounting.quality_ms)
   g  the same three layers as plain Structured Streaming (bench/baseline.py: one session,
@@ -323,9 +325,26 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
                "zip_hourly_sightings": summarize(measured, GOLD[0], observed_until),
                "max_over_gold": summarize(measured, "max_over_gold", observed_until),
                "stages_p50_s": {k: summarize(measured, k)["p50_s"] for k in ("bronze", "silver", *GOLD)},
+               "silver": summarize(measured, "silver", observed_until),
                "cores_busy_during_feed": busy}
     (run_dir / "latency-files.json").write_text(json.dumps(rows, indent=1))
     return latency, {"span_s": span, "multiple": args.watermark_multiple}, cfg
+
+
+def plain_stream(args, run_dir: Path, span_s: float) -> dict:
+    """(d) bench/baseline_stream.py on its own fresh lakehouse, after the pipeline's streaming
+    run, with the same feed: plain Structured Streaming's landing -> silver latency."""
+    env = base_env(run_dir / "lakehouse-baseline-stream", TRIGGER="processing-time")
+    log(f"(d) plain Structured Streaming over the same feed ({args.rate:,} events/s for {args.stream_seconds:g} s)")
+    cmd = [sys.executable, "-m", "bench.baseline_stream", "--seconds", f"{args.stream_seconds:g}",
+           "--rate", str(args.rate), "--seed", str(args.seed), "--span-seconds", f"{span_s:g}",
+           "--warmup-seconds", f"{args.warmup_seconds:g}", "--drain-seconds", f"{args.drain_seconds:g}"]
+    run_logged(cmd, env, run_dir / "baseline-stream.log")
+    line = next((l for l in (run_dir / "baseline-stream.log").read_text().splitlines()
+                 if l.startswith("BASELINE_STREAM ")), None)
+    if line is None:
+        raise BenchError(f"bench.baseline_stream printed no result; see {run_dir / 'baseline-stream.log'}")
+    return json.loads(line.split(" ", 1)[1])
 
 
 def state(session, cfg, span: dict) -> dict:
@@ -475,6 +494,7 @@ def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, 
             latency, span, scfg = streamed
             if "d" in args.sections:
                 result["latency"] = latency
+                latency["plain"] = phase("d", plain_stream, args, run_dir, span["span_s"])
             if "e" in args.sections:
                 result["state"] = phase("e", state, session, scfg, span)
             result.setdefault("empty_batches", {})["stream"] = phase("d,e", empty_batches, session, scfg)
@@ -491,7 +511,7 @@ def save(result: dict, stamp: str, args, run_dir: Path) -> None:
     base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     base.with_suffix(".md").write_text(summary.markdown(result))
     if not args.keep:
-        for d in ("lakehouse", "lakehouse-baseline", "lakehouse-stream"):
+        for d in ("lakehouse", "lakehouse-baseline", "lakehouse-stream", "lakehouse-baseline-stream"):
             shutil.rmtree(run_dir / d, ignore_errors=True)
     print()
     print(summary.text_table(result))

@@ -51,6 +51,18 @@ def _n(x, digits=0) -> str:
     return f"{x:,.{digits}f}"
 
 
+def _plain(lat: dict) -> str:
+    """Landing -> silver, the pipeline's against plain Structured Streaming's on the same feed."""
+    ours, plain = lat.get("silver"), lat.get("plain")
+    if not ours or not plain:
+        return ""
+    busy = plain.get("cores_busy_during_feed")
+    return (f"; landing -> silver: p50 {ours['p50_s']} s, p95 {ours['p95_s']} s, plain Structured Streaming "
+            f"on the same feed p50 {plain['p50_s']} s, p95 {plain['p95_s']} s "
+            f"({plain['visible']}/{plain['files']} files"
+            + (f", cores {busy:.0%} busy" if busy is not None else "") + ")")
+
+
 def rows(r: dict) -> list[tuple[str, str, str]]:
     """(figure, value, target verdict) rows for the table."""
     v = verdicts(r)
@@ -87,7 +99,8 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
                     f"{'; the rest counted as waiting until the end, so lower bounds' if z['censored'] else ''}); "
                     f"max over gold tables: p50 {m['p50_s']} s, p95 {m['p95_s']} s"
                     + (f"; the cores were {lat['cores_busy_during_feed']:.0%} busy during the feed"
-                       if lat.get("cores_busy_during_feed") is not None else ""),
+                       if lat.get("cores_busy_during_feed") is not None else "")
+                    + _plain(lat),
                     f"{TARGETS['latency']}: {_mark(v['latency'])}"))
     s = r.get("state")
     if s:

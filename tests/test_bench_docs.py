@@ -63,6 +63,10 @@ def fake_run_logged(cmd, env, log_path: Path, marks=()):
     if module == "bench.baseline":
         log_path.write_text('BASELINE {"bronze": 5.0, "silver": 20.0, "gold": 20.0}\n')
         return 50.0, {}
+    if module == "bench.baseline_stream":           # (d): plain landing -> silver on the same feed
+        log_path.write_text('BASELINE_STREAM {"files": 30, "visible": 30, "censored": 0, "p50_s": 1.2, '
+                            '"p95_s": 1.6, "max_s": 1.7, "cores_busy_during_feed": 0.9}\n')
+        return 60.0, {}
     if module == "bench.recompute":
         log_path.write_text('RECOMPUTE {"bronze": 10.0, "silver": 20.0, "gold": 30.0}\n')
         return 80.0, {}
@@ -88,6 +92,7 @@ def fake_stream_phase(args, run_dir):
                "files": len(rows), "warmup_s": 0, "drained": True,
                "zip_hourly_sightings": summarize(rows, "zip_hourly_sightings", 200.0),
                "max_over_gold": summarize(rows, "max_over_gold", 200.0),
+               "silver": summarize(rows, "silver", 200.0),
                "stages_p50_s": {}, "cores_busy_during_feed": 0.97}
     return latency, {"span_s": 8 * 3600, "multiple": 10}, load_config(env=run.base_env(run_dir / "s"))
 
@@ -127,6 +132,10 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert "run-all 100.0 s / baseline 50.0 s = 2.0x" in page
     assert f"p95 {record['latency']['zip_hourly_sightings']['p95_s']} s" in page
     assert "the cores were 97% busy during the feed" in page
+    # Beside it, plain Structured Streaming's landing -> silver on the same feed (its own process).
+    assert record["latency"]["plain"]["p95_s"] == 1.6
+    assert ("landing -> silver: p50 2.0 s, p95 2.0 s, plain Structured Streaming on the same feed "
+            "p50 1.2 s, p95 1.6 s (30/30 files, cores 90% busy)") in page
     # Each layer's processing span: first trigger to last batch end.
     assert "2,500 events/s processing (8.0 s)" in page           # bronze
     assert "870 events/s processing (23.0 s)" in page            # silver
