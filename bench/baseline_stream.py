@@ -3,7 +3,7 @@ SparkSession, fed as (d) feeds the pipeline (same generator, seed, rate, span an
 each landed file's latency to the first silver commit holding its events.
 
     python -m bench.baseline_stream --seconds 300 --rate 5000 --seed 7 --span-seconds 36000
-    (LAKEHOUSE_ROOT: a fresh folder; TRIGGER=processing-time)
+    (LAKEHOUSE_ROOT: a fresh folder)
 
 It answers what (d) alone cannot: how far this machine lets plain Structured Streaming go at that
 rate. Gold's queries run too (append mode, gold's watermark), so the cores carry the whole
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,7 +74,8 @@ def main(argv=None) -> int:
     p.add_argument("--drain-seconds", type=float, default=300, help="at most this long for silver to catch up")
     args = p.parse_args(argv)
 
-    cfg = load_config()
+    # Processing-time, so the session gets the JIT and GC a processing-time pipeline gets.
+    cfg = load_config(env={**os.environ, "TRIGGER": "processing-time"})
     params = stream_params(Params.from_config(cfg.generator), args.span_seconds)
     feeder = Feeder(cfg.landing, params, args.seed, args.rate, args.seconds)
     write_locations(cfg.locations_csv, params.devices)
@@ -99,6 +101,9 @@ def main(argv=None) -> int:
         busy = busy_share(ticks, cpu_ticks())
         deadline = time.time() + args.drain_seconds
         while True:
+            failed = [q for q in queries if not q.isActive]
+            if failed:   # a dead query would leave its files waiting: report it, not a latency
+                raise RuntimeError(f"query {failed[0].name or failed[0].id} stopped: {failed[0].exception()}")
             seen = first_visible(spark, silver_path)
             observed_until = time.time()
             if all(name in seen for name in feeder.landed) or observed_until > deadline:

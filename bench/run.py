@@ -334,7 +334,7 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
 def plain_stream(args, run_dir: Path, span_s: float) -> dict:
     """(d) bench/baseline_stream.py on its own fresh lakehouse, after the pipeline's streaming
     run, with the same feed: plain Structured Streaming's landing -> silver latency."""
-    extra = {"TRIGGER": "processing-time", **({"TRIGGER_INTERVAL": args.interval} if args.interval else {})}
+    extra = {"TRIGGER_INTERVAL": args.interval} if args.interval else {}
     env = base_env(run_dir / "lakehouse-baseline-stream", **extra)   # the pipeline's intervals
     log(f"(d) plain Structured Streaming over the same feed ({args.rate:,} events/s for {args.stream_seconds:g} s)")
     cmd = [sys.executable, "-m", "bench.baseline_stream", "--seconds", f"{args.stream_seconds:g}",
