@@ -105,6 +105,18 @@ class MicroBatch(QueryBody):
                      ctx.app_id, ctx.lineage, rows, ctx.replay)
 
 
+def aggregates_while_caching(df, *columns):
+    """`columns` (aggregate expressions) over `df`, in the job that fills the caller's cache of
+    it: a no-op write that observes them, one stage. `df.agg(...).first()` adds a final
+    one-task stage behind a shuffle, which on a busy machine waits for a free core behind the
+    other layers' tasks. Returns a Row (by name and by attribute)."""
+    from pyspark.sql import Observation, Row
+
+    seen = Observation()
+    df.observe(seen, *columns).write.format("noop").mode("overwrite").save()
+    return Row(**seen.get)
+
+
 def together(*writes) -> list:
     """Run independent writes of one batch at once, each on its own thread (Spark local
     properties, so the FAIR pool, are inherited), and return their results in order (None for

@@ -33,7 +33,7 @@ from common.config import ConfigError
 from common.delta import (TXN, appended, commit_metadata, ensure_table, idempotent_append, last_lineage, live_files,
                           retry_on_conflict)
 from common.lineage import checkpoint_query_id, read_nothing
-from common.batch import BatchContext, MicroBatch, together
+from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.quality import QualityGate, check_tables, load_suites
 from common.schemas import DQ_RESULTS
 from common.storage import is_delta_table, location
@@ -225,8 +225,9 @@ class GoldBatch(MicroBatch):
             # the sessions table alone hands over no events, so there only an empty or no-data
             # batch is skipped.
             # One job counts the batch (and fills its cache) and finds its earliest event.
-            seen = batch.agg(F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
-                             F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest")).first()
+            seen = aggregates_while_caching(
+                batch, F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
+                F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"))
             brought = seen["events"] if self.events else seen["n"]
             if not brought or read_nothing(self.checkpoint, ctx.batch_id):
                 self.stale_behind = True

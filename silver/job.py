@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.delta import ensure_table, idempotent_append, table_version
-from common.batch import BatchContext, MicroBatch, together
+from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.storage import is_delta_table
@@ -103,10 +103,9 @@ class SilverBatch(MicroBatch):
         rows = rows.persist()
         try:
             # One pass over the batch for every count the write needs (it also fills the cache).
-            sizes = rows.agg(F.count(F.lit(1)).alias("rows"),
-                             F.count(F.when(~T.is_accepted(), 1)).alias("rejects"),
-                             F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects")
-                             ).first()
+            sizes = aggregates_while_caching(
+                rows, F.count(F.lit(1)).alias("rows"), F.count(F.when(~T.is_accepted(), 1)).alias("rejects"),
+                F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects"))
             n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
             n_candidates, n_dq, gate, writes = sizes.rows - n_rejects, 0, None, []
             if n_candidates:
