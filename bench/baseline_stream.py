@@ -21,14 +21,13 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from pyspark.sql import functions as F
 
 from bench.baseline import gold, run, silver
 from bench.contention import busy_share, cpu_ticks
 from bench.feeder import Feeder, stream_params
-from bench.latency import summarize
+from bench.latency import delta_commits, summarize
 from common.config import load_config
 from common.spark import NO_DATA_BATCHES, build_spark
 from tools.generator.events import Params, write_locations
@@ -36,24 +35,9 @@ from tools.generator.events import Params, write_locations
 FILE = "landing_file"
 
 
-def silver_commits(table: str) -> dict[str, float]:
-    """Data file name -> the epoch seconds of the silver commit that added it."""
-    added = {}
-    for f in sorted((Path(table) / "_delta_log").glob("[0-9]*.json")):
-        ts, paths = None, []
-        for line in f.read_text().splitlines():
-            action = json.loads(line)
-            if "commitInfo" in action:
-                ts = action["commitInfo"].get("inCommitTimestamp") or action["commitInfo"]["timestamp"]
-            elif "add" in action:
-                paths.append(action["add"]["path"])
-        added.update((p, ts / 1000) for p in paths)
-    return added
-
-
 def first_visible(spark, table: str) -> dict[str, float]:
     """Landing file name -> when silver first committed one of its events."""
-    added = silver_commits(table)
+    added = {path: c["ts"] for c in delta_commits(table) for path in c["adds"]}
     rows = (spark.read.format("delta").load(table)
             .select(FILE, F.col("_metadata.file_name").alias("part")).distinct().collect())
     seen: dict[str, float] = {}

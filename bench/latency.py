@@ -20,20 +20,23 @@ from common.lineage import parse
 
 
 def delta_commits(table_path: str) -> list[dict]:
-    """Every commit of a Delta table: version, timestamp (s), lineage, streaming txns."""
+    """Every commit of a Delta table: version, timestamp (s), lineage, streaming txns and the
+    data files it added."""
     out = []
     log = Path(table_path) / "_delta_log"
     for f in sorted(log.glob("[0-9]*.json")):
-        info, txns = {}, []
+        info, txns, adds = {}, [], []
         for line in f.read_text().splitlines():
             action = json.loads(line)
             if "commitInfo" in action:
                 info = action["commitInfo"]
             elif "txn" in action:
                 txns.append((action["txn"]["appId"], int(action["txn"]["version"])))
+            elif "add" in action:
+                adds.append(action["add"]["path"])
         ts = info.get("inCommitTimestamp") or info.get("timestamp")
         out.append({"version": int(f.stem), "ts": ts / 1000 if ts else None,
-                    "lineage": parse(info.get("userMetadata")), "txns": txns})
+                    "lineage": parse(info.get("userMetadata")), "txns": txns, "adds": adds})
     return out
 
 

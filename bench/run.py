@@ -113,6 +113,14 @@ def run_logged(cmd: list[str], env: dict, log_path: Path, marks=()) -> tuple[flo
     return time.monotonic() - started, seen
 
 
+def result_line(log_path: Path, tag: str) -> dict:
+    """The JSON a bench process printed on its `<tag> {...}` line."""
+    for line in log_path.read_text().splitlines():
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1:])
+    raise BenchError(f"no {tag} line in {log_path}")
+
+
 class Session:
     """One Spark session for the bench's own reads and the ceiling, built on first use."""
 
@@ -213,8 +221,7 @@ def incremental(session, cfg, env, run_dir, manifest: dict, seed: int) -> dict:
     out_dir = run_dir / "recompute"
     rec_wall, _ = run_logged([sys.executable, "-m", "bench.recompute", "--out", str(out_dir)], env,
                              run_dir / "recompute.log")
-    line = next(l for l in (run_dir / "recompute.log").read_text().splitlines() if l.startswith("RECOMPUTE "))
-    rec = json.loads(line[len("RECOMPUTE "):])
+    rec = result_line(run_dir / "recompute.log", "RECOMPUTE")
     inc_proc = round(sum(spans.values()), 2)
     rec_proc = round(sum(rec.values()), 2)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -232,9 +239,8 @@ def baseline(session, cfg, run_dir: Path, events: int, throughput: dict | None) 
     log(f"(g) plain Structured Streaming baseline over the same {events:,} events")
     with OtherCpu() as other:
         wall, _ = run_logged([sys.executable, "-m", "bench.baseline"], env, run_dir / "baseline.log")
-    line = next(l for l in (run_dir / "baseline.log").read_text().splitlines() if l.startswith("BASELINE "))
     out = {"wall_s": round(wall, 1), "events_per_s": round(events / wall),
-           "steps_s": json.loads(line[len("BASELINE "):]),
+           "steps_s": result_line(run_dir / "baseline.log", "BASELINE"),
            # The machine may be shared: how much of it others took during each of the two runs.
            "others_cpu_share": other.share(wall)}
     # Row counts next to run-all's, read after the clock stopped: both should hold the same events.
@@ -341,11 +347,7 @@ def plain_stream(args, run_dir: Path, span_s: float) -> dict:
            "--rate", str(args.rate), "--seed", str(args.seed), "--span-seconds", f"{span_s:g}",
            "--warmup-seconds", f"{args.warmup_seconds:g}", "--drain-seconds", f"{args.drain_seconds:g}"]
     run_logged(cmd, env, run_dir / "baseline-stream.log")
-    line = next((l for l in (run_dir / "baseline-stream.log").read_text().splitlines()
-                 if l.startswith("BASELINE_STREAM ")), None)
-    if line is None:
-        raise BenchError(f"bench.baseline_stream printed no result; see {run_dir / 'baseline-stream.log'}")
-    return json.loads(line.split(" ", 1)[1])
+    return result_line(run_dir / "baseline-stream.log", "BASELINE_STREAM")
 
 
 def state(session, cfg, span: dict) -> dict:
