@@ -195,7 +195,12 @@ Where the time goes is fixed costs, not rows:
   waits about 3 s after bronze for its dimension's seed, which ran beside bronze's batch. The GX
   import that checks the suites (2-6 s of Python) runs beside the JVM's start and ends before the
   session is up. Leaving it to silver's first batch started bronze 2-3 s sooner but added as much
-  to silver: whole runs 60.7 / 65.6 s against 57.4 / 66.4 s, so it stays where it is.
+  to silver: whole runs 60.7 / 65.6 s against 57.4 / 66.4 s, so it stays where it is. That import
+  took 5.5 s of CPU, 2.3 s of it in modules no gate here uses: charts (altair) and the
+  distribution tests of a few expectations (scipy.stats). `common.quality.import_gx` loads those
+  lazily (importlib's LazyLoader: on first use only), 3.3-3.8 s. A 20,000-event `run-all`, four
+  pairs alternated: bronze started at 6.3-7.1 s instead of 7.1-7.8 s, gold was done at
+  24.8-26.9 s instead of 25.5-27.3 s.
 - Silver's parse is per-record CPU: JSON parsing, the two timestamps parsed and formatted (the
   event id hashes them), SHA-256, and the reason checks. The checks must stay in generated code:
   a reason list built with `filter(array(...))` (a higher-order function) made Spark evaluate

@@ -9,8 +9,12 @@ Each expectation has a policy:
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import json
 import os
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +25,11 @@ from common.spec import Spec, Text, invalid, load, one_of, read_yaml, spec
 
 # GX would otherwise try to send usage analytics: jobs must not touch the network.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+
+# What importing GX loads for features no gate of this project uses: charts (altair) and the
+# distribution tests of a few expectations (scipy.stats). About 2.3 s of the 5.5 s of CPU GX's
+# import takes, on the core the JVM starts on. Made lazy, each loads on first use only.
+GX_LAZY_IMPORTS = ("altair", "scipy")
 
 POLICIES = ("warn", "quarantine", "fail")
 SAMPLE_ROWS = 5
@@ -44,8 +53,7 @@ class Rule(Spec):
         return {**raw, "kwargs": raw.get("kwargs") or {}} if isinstance(raw, dict) else raw
 
     def gx(self):
-        import great_expectations as gx
-
+        gx = import_gx()
         cls = getattr(gx.expectations, _camel(self.expectation))
         return cls(**self.kwargs)
 
@@ -113,14 +121,51 @@ class SuiteFile(Spec):
 
 
 def _check_gx(key: tuple, i: int, rule: Rule) -> None:
-    import great_expectations as gx
-
+    gx = import_gx()
     if not hasattr(gx.expectations, _camel(rule.expectation)):
         invalid(*key, i, "expectation", f"unknown Great Expectations expectation '{rule.expectation}'")
     try:
         rule.gx()
     except Exception as err:  # pydantic validation of the kwargs
         invalid(*key, i, "kwargs", f"bad kwargs for {rule.expectation}: {err}")
+
+
+class _LazyFinder(importlib.abc.MetaPathFinder):
+    """Hands out the modules named (and their submodules) through importlib's LazyLoader: the
+    module object exists at once, its code runs when an attribute of it is first read."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+
+    def find_spec(self, name, path, target=None):
+        if not any(name == n or name.startswith(n + ".") for n in self.names):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            found = finder.find_spec(name, path, target)
+            if found is not None:
+                if found.loader is not None and hasattr(found.loader, "exec_module"):
+                    found.loader = importlib.util.LazyLoader(found.loader)
+                return found
+        return None
+
+
+_gx_lock = threading.Lock()
+
+
+def import_gx():
+    """great_expectations, imported with GX_LAZY_IMPORTS lazy (the validate thread imports it
+    while the session starts; a gate builds on it later)."""
+    with _gx_lock:
+        if "great_expectations" not in sys.modules:
+            finder = _LazyFinder(GX_LAZY_IMPORTS)
+            sys.meta_path.insert(0, finder)
+            try:
+                import great_expectations    # noqa: F401
+            finally:
+                sys.meta_path.remove(finder)
+    return sys.modules["great_expectations"]
 
 
 def load_suites(path: str | Path, gx: bool = True) -> dict[str, Suite]:
@@ -136,8 +181,7 @@ class QualityGate:
     """Validates DataFrames against a suite with one ephemeral GX context per job."""
 
     def __init__(self, suite: Suite):
-        import great_expectations as gx
-
+        gx = import_gx()
         self.suite = suite
         self._context = gx.get_context(mode="ephemeral")
         try:
