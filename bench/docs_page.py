@@ -262,6 +262,29 @@ Where the time goes is fixed costs, not rows:
   is out of this machine's reach. The pipeline's silver costs about 1.8x the plain one's (the
   gate, quarantine, accounting, lineage and idempotent appends), and gold adds a batch of 10-12 s
   on the same cores.
+- What plain Spark reaches against the ceiling (a) at 1,000,000 events: the baseline (g) took
+  116.4 s against a ceiling of 15.02 s on 2026-11-26 (0.129x) and 69.4 s against 8.18 s on
+  2026-11-28 (0.118x). (b)'s 0.25x would need `run-all` at about twice plain Structured
+  Streaming's speed while doing more (gates, quarantine, accounting, lineage, MERGE): out of
+  reach on this machine. Where the pipeline's time goes past the baseline's at 1M (2026-11-28,
+  103.3 s against 69.4 s): start-up to bronze's first batch about 9 s against 3.3 s (the GX import
+  beside the JVM, table set-up, the ops tables); bronze 11.1 s against 3.5 s (whole files read
+  and split into lines with their numbers, then written partitioned by ingest date: the plain
+  text reader has neither line numbers nor a partition sort); silver 64.2 s against 48.6 s (per
+  task at 200,000 events: the parse 7.1 s against 4.7 s, with reason codes, lineage and the raw
+  line carried; the batch cached, then written, 3.6 + 3.0 s against 3.9 s for dedup and write in
+  one pass); gold 18.8 s against 12.5 s (sessions through Python and Arrow, folds and gates).
+- Measured and dropped: starting silver's and gold's queries beside bronze in available-now
+  runs (processing-time triggers every 200 ms, each layer drained with `processAllAvailable`
+  once the one before it ended). A fresh 20,000-event `run-all`: 23.6 / 26.4 / 24.8 / 25.3 /
+  26.8 s against 26.3 / 26.2 / 25.2 / 28.2 / 27.2 s, alternated; the 1M incremental run 33.1 /
+  29.9 / 29.5 s against 33.4 / 29.5 / 31.2 s. The gain at 20,000 came mostly from an extra gold
+  batch over the still-empty silver table (4.7-4.9 s, warming gold up beside silver's batch),
+  which (h) would count as a batch that read no row. On two busy cores the overlap moves CPU
+  more than it saves. Also measured without a gain beyond noise: not registering the table names
+  in the pipeline's own session (0.8 s of start-up at 1M; the 1M incremental run 35.0 / 33.3 s
+  against 34.9 / 30.2 s) and `spark.sql.maxConcurrentOutputFileWriters` 4 (no sort before a
+  partitioned write: bronze's 1M batch 7.4 / 7.1 / 7.1 s against 7.7 / 7.5 / 7.0 s).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
