@@ -165,7 +165,10 @@ def import_gx():
                 import great_expectations    # noqa: F401
             finally:
                 sys.meta_path.remove(finder)
-    return sys.modules["great_expectations"]
+    # The import statement, not sys.modules: it waits for an import of GX another thread began
+    # on its own (a test, a tool) instead of handing out a half-initialised module.
+    import great_expectations
+    return great_expectations
 
 
 def load_suites(path: str | Path, gx: bool = True) -> dict[str, Suite]:
