@@ -64,7 +64,8 @@ def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Ver
         return BooksCheck("silver", "FAIL", note=f"silver batch {lineage['batch_id']} stopped inside a "
                                                  "bronze version; no bronze snapshot equals its input")
     bronze = read_version(spark, paths["bronze.events"], upstream)
-    parsed = ST.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile)
+    parsed = ST.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile,
+                             cfg.silver.max_record_bytes)
     d = drops(spark, paths["ops.batch_accounting"], "silver")
     left = {f"bronze@{upstream} parsed rows": parsed.count()}
     right = {"silver": spark.read.format("delta").load(paths[f"silver.{cfg.silver_table}"]).count(),

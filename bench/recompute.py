@@ -42,11 +42,14 @@ def recompute(spark, cfg, out: Path) -> dict:
 
     t = time.monotonic()
     profile = cfg.profile
-    parsed = S.deduplicate(S.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, profile),
+    parsed = S.deduplicate(S.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, profile,
+                                          cfg.silver.max_record_bytes),
                            cfg.silver.dedup_watermark.spark(), profile).persist()
     dim = profile.dimension
     locations = (spark.read.format("delta").load(cfg.table_path("silver", dim.table)) if dim else None)
-    write(S.to_quarantine(S.rejected(parsed), 0, profile), "silver/quarantine")
+    fetch = parsed.agg(*S.fetch_window(~S.is_accepted())).first()
+    write(S.to_quarantine(S.with_record_bytes(S.rejected(parsed), bronze, profile, *fetch), 0, profile),
+          "silver/quarantine")
     silver = spark.read.format("delta").load(
         write(S.to_silver(S.join_dimension(S.accepted(parsed), locations, profile), 0, profile),
               f"silver/{profile.silver_table}"))

@@ -7,14 +7,15 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType
 
+from common import raw_bytes
 from common.jars import MissingJarsError
 from common.schemas import BRONZE_EVENTS
 
 # The file's bytes -> its lines' bytes, split on '\n' in one pass (jvm/bronze-lines, built at
 # setup). Spark's own split works on decoded text: splitting a string cast decodes UTF-8 and
 # replaces bad bytes with U+FFFD, and the lossless way (decode ISO-8859-1, split, encode back)
-# copied every byte six times, ~2 s of CPU per 200,000 events. A cast of binary to string keeps
-# the bytes as they are.
+# copied every byte six times, ~2 s of CPU per 200,000 events. The line's bytes then go to raw
+# or raw_bytes as they are (common/raw_bytes.py).
 SPLIT_LINES = "bronze_split_lines"
 _SPLIT_LINES_CLASS = "bronzelines.SplitLines"
 
@@ -56,7 +57,7 @@ def lines_from_files(files: DataFrame, whole_file: bool = False) -> DataFrame:
     out = (files_with_lines.select("path", "modificationTime",
                                    F.posexplode("lines").alias("pos", "line"))
            .select(
-               F.col("line").cast("string").alias("raw"),
+               *raw_bytes.split(F.col("line")),
                F.lit("file").alias("source"),
                F.col("path").alias("file_path"),
                (F.col("pos") + 1).cast("long").alias("line_number"),
@@ -66,14 +67,15 @@ def lines_from_files(files: DataFrame, whole_file: bool = False) -> DataFrame:
                F.lit(None).cast("long").alias("kafka_offset"),
                F.lit(None).cast("timestamp").alias("kafka_timestamp"),
                F.lit(None).cast("string").alias("kafka_key"),
+               F.lit(None).cast("binary").alias("kafka_key_bytes"),
            ))
     return _with_ingest(out)
 
 
 def rows_from_kafka(messages: DataFrame) -> DataFrame:
-    """Kafka source rows -> bronze rows; value bytes are kept as they are (cast, not decoded)."""
+    """Kafka source rows -> bronze rows; value bytes are kept as they are (common/raw_bytes.py)."""
     out = messages.select(
-        F.col("value").cast("string").alias("raw"),
+        *raw_bytes.split(F.col("value")),
         F.lit("kafka").alias("source"),
         F.lit(None).cast("string").alias("file_path"),
         F.lit(None).cast("long").alias("line_number"),
@@ -82,6 +84,6 @@ def rows_from_kafka(messages: DataFrame) -> DataFrame:
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
         F.col("timestamp").alias("kafka_timestamp"),
-        F.col("key").cast("string").alias("kafka_key"),
+        *raw_bytes.split(F.col("key"), raw_bytes.KEY),
     )
     return _with_ingest(out)

@@ -2,6 +2,7 @@
 
 - bronze: every (file, line) written is in bronze.events once, with its exact bytes, and
   nothing else is;
+- quarantine: each quarantined record's bytes, held once per record, equal bronze's;
 - silver: no event_id twice; nothing that was not generated; every generated event is in
   silver or quarantine, or is one of the rows silver counted as dropped too late
   (ops.batch_accounting), since late drops are counted, not kept;
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import functions as F
 
+from common.raw_bytes import as_binary
 from common.storage import location
 
 
@@ -47,6 +49,7 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
     out = Checks()
     read = lambda layer, table: spark.read.format("delta").load(cfg.table_path(layer, table))  # noqa: E731
     _check_bronze(out, read, expected)
+    _check_quarantine(out, read)
     _check_silver(out, read, expected, cfg.silver_table)
     _check_booked(out, read, cfg)
     _check_audit(out, audit_code, audit_report)
@@ -56,7 +59,7 @@ def verify(spark, cfg, expected, audit_code: int, audit_report: dict | None) -> 
 def _check_bronze(out: Checks, read, expected) -> None:
     bronze = read("bronze", "events")
     rows = bronze.select(F.element_at(F.split("file_path", "/"), -1).alias("file"), "line_number",
-                         F.col("raw").cast("binary").alias("raw")).collect()
+                         as_binary().alias("raw")).collect()
     n_bronze = len(rows)
     keys = [(r.file, r.line_number) for r in rows]
     dup_lines = len(keys) - len(set(keys))
@@ -70,6 +73,26 @@ def _check_bronze(out: Checks, read, expected) -> None:
             f"{n_bronze} rows for {len(expected.records)} generated lines; {dup_lines} duplicated, "
             f"{len(missing)} missing {_sample(missing)}, {len(extra)} not generated {_sample(extra)}")
     out.add("bronze: raw bytes unchanged", not changed, f"{len(changed)} lines differ {_sample(changed)}")
+
+
+def _check_quarantine(out: Checks, read) -> None:
+    """Quarantine keeps a record's bytes on one of its rows (the record's own row, or its first
+    quarantined event); they must be bronze's, byte for byte."""
+    key = ["source", "file_path", "line_number", "kafka_topic", "kafka_partition", "kafka_offset"]
+    held = (read("silver", "quarantine")
+            .select(*[F.col(f"bronze_{k}").alias(k) for k in key], as_binary().alias("q"))
+            .groupBy(*key).agg(F.count("q").alias("copies"), F.first("q", ignorenulls=True).alias("q")))
+    bronze = read("bronze", "events").select(*key, as_binary().alias("b"))
+    joined = held.join(bronze, [held[k].eqNullSafe(bronze[k]) for k in key], "left")
+    summary = joined.agg(
+        F.count(F.lit(1)).alias("records"),
+        F.count(F.when(F.col("copies") != F.when(F.col("b").isNotNull(), 1).otherwise(0), 1)).alias("copies_off"),
+        F.count(F.when(~F.col("q").eqNullSafe(F.col("b")), 1)).alias("differ")).first()
+    out.figures.update(quarantined_records=summary.records)
+    out.add("quarantine: each record's bytes once, equal to bronze's",
+            not summary.copies_off and not summary.differ,
+            f"{summary.records} records quarantined: {summary.differ} differ from bronze, "
+            f"{summary.copies_off} held other than once")
 
 
 def _check_silver(out: Checks, read, expected, silver_table: str) -> None:

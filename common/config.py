@@ -166,6 +166,11 @@ class SilverConf(Spec):
     max_future: DurationValue
     expectations: ExistingFile
     max_files_per_trigger: PosInt
+    max_record_mb: PosInt
+
+    @property
+    def max_record_bytes(self) -> int:
+        return self.max_record_mb * 2**20
 
 
 @spec

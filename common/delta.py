@@ -10,6 +10,7 @@ from delta.tables import DeltaTable
 from common.catalog import register_table
 from common.config import Config
 from common.lineage import USER_METADATA_CONF, to_user_metadata
+from common.raw_bytes import migrate as migrate_raw_bytes
 from common.storage import remove_uncommitted_log
 
 logger = logging.getLogger(__name__)
@@ -127,7 +128,13 @@ def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_b
     wanted = {**retention_properties(cfg), **(properties or {})}
     if DeltaTable.isDeltaTable(spark, path):
         align_properties(spark, path, wanted)
-        add_missing_columns(spark, path, schema)
+        added = add_missing_columns(spark, path, schema)
+        # Rows written before a raw_bytes column existed hold their bytes in the text column,
+        # valid UTF-8 or not: moved once, so every Delta reader can read the table.
+        from common.lineage import PIPELINE
+
+        for text in migrate_raw_bytes(spark, path, added, {"pipeline": PIPELINE}):
+            logger.warning(f"{layer}.{table}: moved {text} values that are not UTF-8 to its new binary column")
     else:
         if remove_uncommitted_log(path):
             logger.warning(f"{layer}.{table}: a run was killed while creating it, before its first "

@@ -23,7 +23,7 @@ DEFAULT_PROFILE = "nest"
 FIELD_TYPES = ("string", "boolean", "long", "double", "timestamp", "json", "present")
 TIME_FORMATS = ("iso", "epoch_seconds", "epoch_millis")
 # Columns silver adds itself; a declared field or derived column may not take these names.
-RESERVED = {"raw", "parsed", "reasons", "event_id", "event_time", "event_date", "silver_batch_id",
+RESERVED = {"raw", "raw_bytes", "parsed", "reasons", "event_id", "event_time", "event_date", "silver_batch_id",
             "silver_frontier_time",
             "batch_id", "quarantined_at", "window_start", "window_end", "finalized"}
 # Columns every session row has; a session measure may not take these names.

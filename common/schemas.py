@@ -1,11 +1,14 @@
 """Table schemas that more than one layer reads or writes."""
-from pyspark.sql.types import (BooleanType, DateType, DoubleType, IntegerType, LongType, MapType,
+from pyspark.sql.types import (BinaryType, BooleanType, DateType, DoubleType, IntegerType, LongType, MapType,
                                StringType, StructField,
                                StructType, TimestampType)
 
 # bronze.events: the raw record untouched, plus where it came from and when it arrived.
 BRONZE_EVENTS = StructType([
-    StructField("raw", StringType(), True),             # bytes as they arrived (not validated as UTF-8)
+    # The record's bytes as they arrived, in one of two columns (common/raw_bytes.py): `raw` when
+    # they are valid UTF-8, the text every reader expects; `raw_bytes` when they are not (Parquet
+    # strings must be UTF-8: such bytes in a string column make delta-rs and DuckDB refuse the table).
+    StructField("raw", StringType(), True),
     StructField("source", StringType(), False),         # 'file' | 'kafka'
     StructField("file_path", StringType(), True),
     StructField("line_number", LongType(), True),       # 1-based, within file_path
@@ -17,6 +20,8 @@ BRONZE_EVENTS = StructType([
     StructField("kafka_key", StringType(), True),
     StructField("ingest_time", TimestampType(), False),
     StructField("ingest_date", DateType(), False),
+    StructField("raw_bytes", BinaryType(), True),        # set only where raw is not valid UTF-8
+    StructField("kafka_key_bytes", BinaryType(), True),  # set only where kafka_key is not
 ])
 BRONZE_PARTITION = ["ingest_date"]
 

@@ -190,7 +190,9 @@ def main(argv=None, prog: str = "make maintain") -> int:
         results = maintain(spark, cfg, chosen, vacuum=None if args.no_vacuum else "lite" if args.lite else "full")
         took = time.monotonic() - started
     finally:
-        spark.stop()
+        from common.spark import stop as stop_spark
+
+        stop_spark(spark)
     if args.json:
         print(json.dumps({"tables": [asdict(r) for r in results], "seconds": round(took, 2),
                           "audit_horizon": str(cfg.maintenance.audit_horizon)}, indent=2))

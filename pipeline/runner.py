@@ -260,7 +260,9 @@ class Runner:
                 self.spark.streams.removeListener(recorder)
             finally:
                 if self._own_spark:
-                    self.spark.stop()
+                    from common.spark import stop as stop_spark
+
+                    stop_spark(self.spark)
         for line, _ in self.failures:
             log.error(line)
         return max((code for _, code in self.failures), default=0)

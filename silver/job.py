@@ -77,7 +77,8 @@ class SilverBatch(MicroBatch):
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
         self.paths = {"events": cfg.table_path("silver", cfg.silver_table),
-                      "quarantine": cfg.table_path("silver", "quarantine")}
+                      "quarantine": cfg.table_path("silver", "quarantine"),
+                      "bronze": cfg.table_path("bronze", "events")}
         if self.dimension:
             self.paths["dimension"] = cfg.table_path("silver", self.dimension)
 
@@ -105,9 +106,11 @@ class SilverBatch(MicroBatch):
             # One pass over the batch for every count the write needs (it also fills the cache).
             sizes = aggregates_while_caching(
                 rows, F.count(F.lit(1)).alias("rows"), F.count(F.when(~T.is_accepted(), 1)).alias("rejects"),
-                F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects"))
+                F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects"),
+                *T.fetch_window(~T.is_accepted()))
             n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
             n_candidates, n_dq, gate, writes = sizes.rows - n_rejects, 0, None, []
+            fetch = [sizes.fetch_from, sizes.fetch_until]
             if n_candidates:
                 joined = T.accepted(rows)
                 frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
@@ -116,8 +119,11 @@ class SilverBatch(MicroBatch):
                 dq_reasons = _dq_reasons(spark, gate.outcomes)
                 if dq_reasons is not None:
                     good = candidates.join(dq_reasons, "event_id", "left_anti")
-                    dq_bad = joined.join(dq_reasons, "event_id").withColumn("reasons", F.col("dq_reasons"))
-                    n_dq = dq_bad.count()
+                    dq_bad = (joined.join(dq_reasons, "event_id").withColumn("reasons", F.col("dq_reasons"))
+                              .drop("dq_reasons"))
+                    dq = dq_bad.agg(F.count(F.lit(1)), *T.fetch_window()).first()
+                    n_dq = dq[0]
+                    fetch = _widen(fetch, dq[1:])
                 else:
                     good, dq_bad = candidates, None
                 # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
@@ -125,9 +131,11 @@ class SilverBatch(MicroBatch):
                     writes.append(lambda: idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events",
                                                             batch_id, lineage, ctx.replay))
             if n_rejects or n_dq:
-                quarantine = T.to_quarantine(T.rejected(rows), batch_id, profile)
-                if n_dq:
-                    quarantine = quarantine.unionByName(T.to_quarantine(dq_bad, batch_id, profile))
+                bound = T.rejected(rows).unionByName(dq_bad) if n_dq else T.rejected(rows)
+                bronze = (spark.read.format("delta").load(self.paths["bronze"])
+                          if fetch[0] is not None else None)
+                quarantine = T.to_quarantine(T.with_record_bytes(bound, bronze, profile, *fetch),
+                                             batch_id, profile)
                 writes.append(lambda: idempotent_append(quarantine, self.paths["quarantine"],
                                                         f"{ctx.app_id}-quarantine", batch_id, lineage,
                                                         ctx.replay))
@@ -137,6 +145,12 @@ class SilverBatch(MicroBatch):
             return self.commit(ctx, counts, *writes, gate.record if gate else None)
         finally:
             rows.unpersist()
+
+
+def _widen(a: list, b) -> list:
+    """The smallest range covering two (from, until) ranges, either of them (None, None)."""
+    lo, hi = [x for x in (a[0], b[0]) if x is not None], [x for x in (a[1], b[1]) if x is not None]
+    return [min(lo) if lo else None, max(hi) if hi else None]
 
 
 def _dq_reasons(spark, outcomes):
@@ -172,7 +186,8 @@ def start_query(spark, cfg, suite):
     bronze_path = cfg.table_path("bronze", "events")
     bronze = (spark.readStream.format("delta")
               .option("maxFilesPerTrigger", cfg.silver.max_files_per_trigger).load(bronze_path))
-    parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile)
+    parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile,
+                            cfg.silver.max_record_bytes)
     observed = parsed.observe(METRICS, *T.input_metrics(parsed, cfg.profile))
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
     books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)

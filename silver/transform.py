@@ -14,6 +14,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType, _parse_datatype_string
 
+from common import raw_bytes
 from common.profile import Profile
 
 CORRUPT = "_corrupt_record"
@@ -63,9 +64,16 @@ def event_columns(profile: Profile) -> list[str]:
     return ["event_id", *profile.outputs, *(name for name, _ in profile.derived), "event_time"]
 
 
+# The record's bytes (common/raw_bytes.py). Silver carries them only on the row of a record it
+# could not parse: an event carries its bronze position (LINEAGE) instead, from which a
+# quarantined event's record is fetched once (silver/raw_fetch.py). Carried on every event, a
+# record of 20,000 elements was copied 20,000 times.
+RAW_COLUMNS = [raw_bytes.RAW, raw_bytes.RAW_BYTES]
+
+
 def parsed_columns(profile: Profile) -> list[str]:
     """What parse_events returns: one row per event, or one per unparsable record."""
-    return ["raw", *LINEAGE_COLUMNS, "parsed", profile.index, *event_columns(profile), "reasons"]
+    return [*RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", profile.index, *event_columns(profile), "reasons"]
 
 
 def _lineage() -> list[Column]:
@@ -105,15 +113,19 @@ def _elements_name(profile: Profile) -> str:
     return profile.explode_path[-1] if profile.explode_path else "record"
 
 
-def parse_records(bronze: DataFrame, profile: Profile) -> DataFrame:
-    """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`."""
-    raw = F.col("raw")
+def parse_records(bronze: DataFrame, profile: Profile, max_record_bytes: int | None = None) -> DataFrame:
+    """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`. A record
+    longer than `max_record_bytes` is not parsed at all (record_too_large)."""
+    raw, binary = F.col(raw_bytes.RAW), F.col(raw_bytes.RAW_BYTES)
+    size = F.coalesce(F.octet_length(raw), F.octet_length(binary))
+    too_large = (size > max_record_bytes) if max_record_bytes else F.lit(False)
     # A UTF-8 BOM (first line of a file saved by some Windows tools) is not JSON; bronze keeps it,
     # the parser skips it. The regex runs only where the bytes are there: on every record it cost
     # a decode, a scan and an encode of the whole line.
     text = F.when(raw.startswith(BOM), F.regexp_replace(raw, f"^{BOM}", "")).otherwise(raw)
-    j = F.from_json(text, raw_schema(profile), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    df = bronze.select("raw", *_lineage(), j.alias("j"))
+    j = F.from_json(F.when(~too_large, text), raw_schema(profile),
+                    {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    df = bronze.select(*RAW_COLUMNS, *_lineage(), j.alias("j"))
     # One reason per record, the first that applies. from_json reads the first JSON value and
     # ignores what follows it, so content after the closing brace is checked here: an object
     # must end the record, and "}{" (outside a string) means a second value follows.
@@ -121,8 +133,9 @@ def parse_records(bronze: DataFrame, profile: Profile) -> DataFrame:
     # object): the regexes decide only the lines those cannot, with the same answers.
     blank = ~raw.startswith("{") & raw.rlike(r"^\s*$")
     ends_object = raw.endswith("}") | text.rlike(r"\}\s*$")
-    reason = (F.when(raw.isNull() | blank, "empty_record")
-              .when(~F.is_valid_utf8("raw"), "invalid_utf8")
+    reason = (F.when((raw.isNull() & binary.isNull()) | blank, "empty_record")
+              .when(too_large, "record_too_large")
+              .when(binary.isNotNull(), "invalid_utf8")
               .when(F.col("j").isNull() | ~ends_object, "malformed_json")
               .when(text.rlike(r"\}\s*\{") & (F.coalesce(F.json_array_length(
                   F.concat(F.lit("["), text, F.lit("]"))), F.lit(0)) != 1), "malformed_json")
@@ -221,12 +234,13 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         is_map = isinstance(dtype, MapType)
     parts = (idx, "_element_key", "_el") if is_map else (idx, "_el")
     exploded = records.select(
-        "raw", *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"),
+        *[F.when(~F.col("parsed"), F.col(c)).alias(c) for c in RAW_COLUMNS],
+        *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"),
         F.posexplode_outer(F.when(F.col("parsed"), elements)).alias(*parts))
     el = F.col("_el")
     outputs = [f for f in profile.fields if f.type != "present"]
     typed = exploded.select(
-        "raw", *LINEAGE_COLUMNS, "parsed", "record_reasons", idx,
+        *RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", "record_reasons", idx,
         *(["_element_key"] if is_map else []),
         *[_typed(_at(el, f.path), f).alias(f.name) for f in outputs],
         *[_at(el, f.path).alias(f"_{f.name}_text") for f in profile.fields],
@@ -281,9 +295,10 @@ def _event_id(profile: Profile) -> Column:
 
 
 def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds: float,
-                 profile: Profile) -> DataFrame:
+                 profile: Profile, max_record_bytes: int | None = None) -> DataFrame:
     """bronze.events rows -> events (reasons empty) and rejects (reasons set), one DataFrame."""
-    return explode_events(parse_records(bronze, profile), min_event_time, max_future_seconds, profile)
+    return explode_events(parse_records(bronze, profile, max_record_bytes), min_event_time,
+                          max_future_seconds, profile)
 
 
 def is_accepted() -> Column:
@@ -387,9 +402,50 @@ def to_silver(events: DataFrame, batch_id: int, profile: Profile,
             .withColumn(FRONTIER, at).select(*cols))
 
 
+def bronze_key(prefix: str = "") -> Column:
+    """A record's position in bronze as one string: (file, line) or (topic, partition, offset),
+    from bronze's columns or, with prefix "bronze_", from the lineage a silver row carries."""
+    parts = ("source", "file_path", "line_number", "kafka_topic", "kafka_partition", "kafka_offset")
+    return F.concat_ws("|", *[F.col(prefix + p).cast("string") for p in parts])
+
+
+def fetch_window(bound: Column | None = None) -> list[Column]:
+    """Aggregates over a batch's rows: the ingest-time range (epoch µs) of the bronze records
+    whose bytes with_record_bytes will fetch for the rows `bound` for quarantine, so the bronze
+    read skips every other file."""
+    needs = F.col("parsed") if bound is None else bound & F.col("parsed")
+    micros = F.when(needs, F.unix_micros("bronze_ingest_time"))
+    return [F.min(micros).alias("fetch_from"), F.max(micros).alias("fetch_until")]
+
+
+def with_record_bytes(rows: DataFrame, bronze: DataFrame, profile: Profile,
+                      fetch_from: int | None, fetch_until: int | None) -> DataFrame:
+    """Rows bound for quarantine, with their record's bytes. A record that did not parse carried
+    them (its one row); an event of a parsed record carried only its bronze position, and gets
+    the bytes here, fetched from `bronze` once per record: on its first quarantined element
+    (lowest index), the others keeping only the position. So a record of 20,000 rejected
+    elements is stored once, not 20,000 times. `fetch_from`/`fetch_until`: fetch_window's range
+    over `rows`, which limits the bronze read to the batch's own files."""
+    if fetch_from is None:
+        return rows
+    from pyspark.sql import Window
+
+    idx, key, first = profile.index, "_bronze_key", "_first"
+    events = (rows.where(F.col("parsed")).drop(*RAW_COLUMNS)
+              .withColumn(key, bronze_key("bronze_"))
+              .withColumn(first, F.row_number().over(Window.partitionBy(key).orderBy(idx)) == 1))
+    at = lambda micros: F.timestamp_micros(F.lit(micros))   # noqa: E731 - a literal: Delta skips files by it
+    records = (bronze.where(F.col("ingest_time").between(at(fetch_from), at(fetch_until)))
+               .select(bronze_key().alias("_record_key"), *RAW_COLUMNS))
+    # Only a record's first row matches: the bytes are never copied onto its other rows.
+    events = (events.join(records, (F.col(key) == F.col("_record_key")) & F.col(first), "left")
+              .drop(key, first, "_record_key"))
+    return rows.where(~F.col("parsed")).unionByName(events)
+
+
 def to_quarantine(rows: DataFrame, batch_id: int, profile: Profile) -> DataFrame:
     return rows.select(
-        "raw", "reasons", "event_id", *profile.quarantine_columns, *LINEAGE_COLUMNS,
+        *RAW_COLUMNS, "reasons", "event_id", *profile.quarantine_columns, *LINEAGE_COLUMNS,
         F.lit(batch_id).cast("long").alias("batch_id"),
         F.current_timestamp().alias("quarantined_at"),
     )

@@ -26,14 +26,14 @@ def session_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(session_root):
-    from common.spark import build_spark
+    from common.spark import build_spark, stop
 
     # The test process's JVM lives for the whole run: the JVM's default JIT (C2 too) pays off.
     cfg = load_config(env=dict(os.environ, LAKEHOUSE_ROOT=str(session_root), LAKEHOUSE__SPARK__JIT="tiered"))
     # Tests run small batches: two shuffle partitions keep stateful queries quick on 2 cores.
     session = build_spark(cfg, "lakehouse-tests", {"spark.sql.shuffle.partitions": "2"})
     yield session
-    session.stop()
+    stop(session)
 
 
 @pytest.fixture

@@ -94,7 +94,7 @@ def local_path(uri: str) -> str:
 def assert_bronze_holds_files(spark, cfg, files) -> None:
     """Every line of every file is one bronze row, numbered 1..n, with its exact bytes."""
     rows = (bronze_rows(spark, cfg)
-            .selectExpr("file_path", "line_number", "CAST(raw AS BINARY) AS raw").collect())
+            .selectExpr("file_path", "line_number", "coalesce(CAST(raw AS BINARY), raw_bytes) AS raw").collect())
     got: dict[str, dict[int, bytes]] = defaultdict(dict)
     for r in rows:
         got[local_path(r.file_path)][r.line_number] = bytes(r.raw)
@@ -238,7 +238,7 @@ def test_shared_dataset_files_without_final_newline_keep_their_last_line(spark, 
     assert df.count() == 10_000
     assert_unique(df, "file_path", "line_number")
     last = {local_path(r.file_path): bytes(r.raw) for r in
-            df.where("line_number = 2000").selectExpr("file_path", "CAST(raw AS BINARY) AS raw").collect()}
+            df.where("line_number = 2000").selectExpr("file_path", "coalesce(CAST(raw AS BINARY), raw_bytes) AS raw").collect()}
     assert last == {str(c.resolve()): c.read_bytes().rsplit(b"\n", 1)[1] for c in copies}
     assert_bronze_holds_files(spark, cfg, copies)
 
@@ -267,7 +267,7 @@ def test_the_splitter_cuts_on_newline_only_and_keeps_every_byte(spark):
                                    for name, data in AWKWARD_FILES.items()], BINARY_FILE_SCHEMA)
     for whole_file in (False, True):
         rows = (lines_from_files(files, whole_file=whole_file)
-                .selectExpr("file_path", "line_number", "CAST(raw AS BINARY) AS raw").collect())
+                .selectExpr("file_path", "line_number", "coalesce(CAST(raw AS BINARY), raw_bytes) AS raw").collect())
         got = defaultdict(list)
         for r in sorted(rows, key=lambda r: (r.file_path, r.line_number)):
             got[r.file_path].append((r.line_number, bytes(r.raw)))
@@ -309,7 +309,7 @@ def test_kafka_lands_in_bronze_as_kafka_holds_it_and_a_rerun_adds_nothing(spark,
                     "OR ingest_date IS NULL OR file_path IS NOT NULL").count() == 0
     bronze = {(r.kafka_topic, r.kafka_partition, r.kafka_offset): (bytes(r.raw), r.kafka_key)
               for r in df.selectExpr("kafka_topic", "kafka_partition", "kafka_offset",
-                                     "CAST(raw AS BINARY) AS raw", "kafka_key").collect()}
+                                     "coalesce(CAST(raw AS BINARY), raw_bytes) AS raw", "kafka_key").collect()}
     held = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka_broker.bootstrap)
             .option("subscribe", topic).option("startingOffsets", "earliest")
             .option("endingOffsets", "latest").load()
@@ -445,3 +445,40 @@ def test_make_generate_then_run_bronze_twice(spark, cfg, env, tmp_path):
     make("run-bronze")
     assert bronze_rows(spark, cfg).count() == records
     assert delta_version(spark, cfg) == version
+
+
+def test_a_table_from_before_raw_bytes_is_migrated_and_reads_outside_spark(spark, cfg):
+    """bronze.events written when raw held any bytes: the next start adds raw_bytes and moves the
+    rows that are not UTF-8 there, so delta-rs (pandas, DuckDB) can read the table again."""
+    from deltalake import DeltaTable as RsTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from bronze.job import prepare
+    from common.delta import ensure_table
+    from common.lineage import parse
+    from common.raw_bytes import as_binary
+    from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
+
+    old = StructType([f for f in BRONZE_EVENTS.fields if f.name not in ("raw_bytes", "kafka_key_bytes")])
+    path = ensure_table(spark, cfg, "bronze", "events", old, BRONZE_PARTITION)
+    garbage, good = b"\xff\xfe not utf-8 \xe9", b'{"ok": "caf\xc3\xa9"}'
+    rows = (spark.range(2).select(
+        F.when(F.col("id") == 0, F.unhex(F.lit(garbage.hex()))).otherwise(F.unhex(F.lit(good.hex())))
+        .cast("string").alias("raw"),
+        F.lit("file").alias("source"), F.lit("file:///old.jsonl").alias("file_path"),
+        (F.col("id") + 1).alias("line_number"), *[F.lit(None).cast(f.dataType).alias(f.name) for f in old.fields[4:10]],
+        F.current_timestamp().alias("ingest_time"), F.current_date().alias("ingest_date")))
+    rows.write.format("delta").mode("append").save(path)
+
+    prepare(spark, cfg)
+
+    got = {r.line_number: r for r in spark.read.format("delta").load(path)
+           .select("line_number", "raw", "raw_bytes", as_binary().alias("bytes")).collect()}
+    assert got[1].raw is None and bytes(got[1].raw_bytes) == garbage == bytes(got[1].bytes)
+    assert got[2].raw == good.decode() and got[2].raw_bytes is None
+    assert len(RsTable(path).to_pandas()) == 2
+    migration = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("operation = 'UPDATE'").collect()
+    assert len(migration) == 1 and parse(migration[0].userMetadata)["migration"] == "raw_bytes"
+    prepare(spark, cfg)                                     # once: a second start changes nothing
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("operation = 'UPDATE'").count() == 1

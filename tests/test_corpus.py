@@ -6,11 +6,13 @@ files land and both run again, a later micro-batch on the same checkpoints. Kafk
 one-partition topic of the session broker and through the same bronze and silver queries,
 in-process. One run covers every kind; each kind is then checked on its own, so a failure names it.
 
-How bronze holds awkward bytes: `raw` is a string column holding the line's exact bytes (Spark
-strings are unvalidated UTF-8 byte arrays), read back with CAST(raw AS BINARY): a UTF-8 BOM stays
-as EF BB BF at the start of the file's first line, a CRLF line keeps its trailing '\\r' (lines
-are split on '\\n' only), non-UTF-8 bytes are kept as they are, a Kafka message with a null value
-has raw NULL and an empty value has raw ''.
+How bronze holds awkward bytes: the line's exact bytes are in `raw` (a string) when they are
+valid UTF-8 and in `raw_bytes` (binary) when not (common/raw_bytes.py), read back with
+coalesce(CAST(raw AS BINARY), raw_bytes): a UTF-8 BOM stays as EF BB BF at the start of the
+file's first line, a CRLF line keeps its trailing '\\r' (lines are split on '\\n' only),
+non-UTF-8 bytes are kept as they are, a Kafka message with a null value has both NULL and an
+empty value has raw ''. Every table stays readable outside Spark (delta-rs, DuckDB, pandas), and
+quarantine holds each rejected record's bytes once, equal to bronze's.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import pytest
 import yaml
 
 from common.config import load_config
+from common.raw_bytes import as_binary
 
 TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
 
@@ -51,6 +54,19 @@ def _line(minute: int, device: str = "cam-0001", **extra) -> bytes:
     return json.dumps(_record(minute, device, **extra), separators=(",", ":")).encode()
 
 
+def _wide(minute: int, cameras: int, bad_every: int) -> bytes:
+    """One record of `cameras` cameras (a CloudTrail-sized file holds thousands of records);
+    every `bad_every`-th has has_person "maybe" (quarantined), the rest are events."""
+    cams = {}
+    for i in range(cameras):
+        device = f"cam-w{minute}-{i:06d}"
+        cam = _record(minute, device)["devices"]["cameras"][device]
+        if i % bad_every == bad_every - 1:
+            cam["last_event"]["has_person"] = "maybe"
+        cams[device] = cam
+    return json.dumps({"devices": {"cameras": cams}}, separators=(",", ":")).encode()
+
+
 def _nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
@@ -65,6 +81,8 @@ GENERATED = {
     "nul_bytes": lambda: b"\x00\x00\x00\n" + _line(52).replace(b"Room 52", b"Ro\x00m 52") + b"\n",
     "deeply_nested_junk": lambda: (_line(53)[:-1] + b',"junk":' + _nested(5000) + b"}\n"
                                    + _nested(100_000) + b"\n"),
+    "wide_record_2000": lambda: _wide(54, 2000, 500) + b"\n",
+    "wide_record_20000": lambda: _wide(55, 20000, 5000) + b"\n",
 }
 
 
@@ -81,11 +99,15 @@ def file_lines(data: bytes) -> list[bytes]:
 
 
 def fates(expect: list) -> list[list[str]]:
-    """kinds.yaml `expect` -> per line, the sorted fates of its rows ('quarantine' reasons sorted)."""
-    def norm(fate: str) -> str:
+    """kinds.yaml `expect` -> per line, the sorted fates of its rows ('quarantine' reasons sorted;
+    "<n> x <fate>" stands for n rows of that fate)."""
+    def norm(fate: str) -> list[str]:
+        count, times, rest = fate.partition(" x ")
+        if times and count.isdigit():
+            return norm(rest) * int(count)
         word, *reasons = fate.split()
-        return " ".join([word, *sorted(reasons)])
-    return [sorted(norm(f) for f in (line if isinstance(line, list) else [line])) for line in expect]
+        return [" ".join([word, *sorted(reasons)])]
+    return [sorted(n for f in (line if isinstance(line, list) else [line]) for n in norm(f)) for line in expect]
 
 
 def run(spark, env: dict, layer: str, *args: str) -> SimpleNamespace:
@@ -165,11 +187,18 @@ def files_run(spark, tmp_path_factory):
         accounting_runs.append(sorted(set(accounting_by_batch(spark, cfg)) - before))
     bronze = defaultdict(dict)
     for r in table(spark, cfg, "bronze", "events").selectExpr(
-            "file_path", "line_number", "CAST(raw AS BINARY) AS raw").collect():
+            "file_path", "line_number", "coalesce(CAST(raw AS BINARY), raw_bytes) AS raw").collect():
         bronze[by_kind(r.file_path)][r.line_number] = bytes(r.raw)
+    quarantined = defaultdict(list)     # (kind, line) -> the bytes of each of its quarantine rows
+    for r in table(spark, cfg, "silver", "quarantine").select(
+            "bronze_file_path", "bronze_line_number", as_binary().alias("raw")).collect():
+        quarantined[by_kind(r.bronze_file_path), r.bronze_line_number].append(
+            None if r.raw is None else bytes(r.raw))
     found = outcomes(spark, cfg, ("file_path", "line_number"))
     yield SimpleNamespace(
         cfg=cfg, procs=procs, bronze=bronze, runs=accounting_runs, books=accounting_by_batch(spark, cfg),
+        quarantined=quarantined, counts={f"{layer}.{name}": table(spark, cfg, layer, name).count()
+                                         for layer, name in READABLE},
         fates={(by_kind(p), n): v for (p, n), v in found["fates"].items()},
         silver={by_kind(p): rows for p, rows in found["silver"].items()})
     drop_tables(spark)
@@ -207,6 +236,35 @@ def test_every_row_belongs_to_a_declared_line(files_run):
     stray = {k for k in files_run.fates if k[0] not in KINDS or k[1] > len(KINDS[k[0]]["expect"])}
     assert not stray
     assert set(files_run.bronze) == {k for k in FILE_KINDS if file_lines(kind_bytes(k))}
+
+
+def test_quarantine_holds_each_records_bytes_once_equal_to_bronze(files_run):
+    """One copy per quarantined record (its own row, or its first quarantined element), never
+    one per element: a record of 20,000 cameras with rejects would be stored 20,000 times."""
+    assert files_run.quarantined
+    for (kind, line), copies in files_run.quarantined.items():
+        held = [c for c in copies if c is not None]
+        assert held == [files_run.bronze[kind][line]], f"{kind} line {line}: {len(held)} copies"
+
+
+READABLE = [("bronze", "events"), ("silver", "quarantine"), ("silver", "camera_events")]
+
+
+@pytest.mark.parametrize("layer,name", READABLE)
+def test_tables_with_awkward_bytes_read_outside_spark(files_run, layer, name):
+    """Non-UTF-8 bytes in a string column made delta-rs, DuckDB and pandas refuse the whole table."""
+    from deltalake import DeltaTable
+
+    from tools.embedded_sql import EmbeddedEngine
+    from tools.sql import Runner
+
+    full = f"{layer}.{name}"
+    assert len(DeltaTable(files_run.cfg.table_path(layer, name)).to_pandas()) == files_run.counts[full]
+    _, rows = EmbeddedEngine(files_run.cfg).query(f"SELECT * FROM {full}", 10**6)
+    assert len(rows) == files_run.counts[full]
+    # `lakehouse sql`'s path, with no fallback to Spark: the embedded engine reads it itself.
+    out = Runner(files_run.cfg, "embedded", fallback=False).run(f"SELECT count(*) AS n FROM {full}", 10)
+    assert f"| {files_run.counts[full]} " in out
 
 
 def test_duplicates_and_late_events_are_counted_per_run(files_run):
@@ -247,17 +305,18 @@ def kafka_run(spark, tmp_path_factory, kafka_broker):
         for i, m in enumerate(KINDS[kind]["kafka"]):
             value = m["value"]
             value = None if value is None else value.encode("latin-1" if m.get("latin1") else "utf-8")
-            key = None if m["key"] is None else m["key"].encode()
+            key = None if m["key"] is None else m["key"].encode("latin-1" if m.get("latin1_key") else "utf-8")
             producer.produce(topic, value=value, key=key, partition=0)
             producer.flush(30)   # one at a time: offsets follow the corpus order
             sent.append((kind, i, key, value))
     start_bronze(spark, cfg, "kafka").awaitTermination()   # raises if the query failed
     start_silver(spark, cfg).awaitTermination()
-    bronze = {r.kafka_offset: (None if r.raw is None else bytes(r.raw), r.kafka_key) for r in
-              table(spark, cfg, "bronze", "events").selectExpr(
-                  "kafka_offset", "CAST(raw AS BINARY) AS raw", "kafka_key").collect()}
+    bronze = {r.kafka_offset: (None if r.raw is None else bytes(r.raw), None if r.key is None else bytes(r.key))
+              for r in table(spark, cfg, "bronze", "events").select(
+                  "kafka_offset", as_binary().alias("raw"), as_binary("kafka_key", "kafka_key_bytes").alias("key"))
+              .collect()}
     found = outcomes(spark, cfg, ("kafka_topic", "kafka_offset"))
-    yield SimpleNamespace(sent=sent, bronze=bronze, fates={o: v for (_, o), v in found["fates"].items()},
+    yield SimpleNamespace(cfg=cfg, sent=sent, bronze=bronze, fates={o: v for (_, o), v in found["fates"].items()},
                           books=accounting_by_batch(spark, cfg))
     drop_tables(spark)
 
@@ -271,7 +330,7 @@ def test_kafka_kind_lands_where_declared(kafka_run, kind):
     for want, offset in zip(expected, offsets):
         _, _, key, value = kafka_run.sent[offset]
         assert offset in kafka_run.bronze, f"{kind}: offset {offset} not in bronze"
-        assert kafka_run.bronze[offset] == (value, None if key is None else key.decode()), kind
+        assert kafka_run.bronze[offset] == (value, key), kind
         assert sorted(kafka_run.fates.get(offset, [])) == want, f"{kind}: found {kafka_run.fates.get(offset)}"
 
 
@@ -283,3 +342,12 @@ def test_kafka_corpus_accounting_adds_up(kafka_run):
         assert b["events_parsed"] == (b["events_written"] + b["events_quarantined"]
                                       + b["duplicates_dropped"] + b["late_dropped"]), b
     assert sum(b["records_in"] for b in kafka_run.books.values()) == len(kafka_run.sent)
+
+
+@pytest.mark.kafka
+def test_kafka_bronze_with_non_utf8_keys_and_values_reads_outside_spark(kafka_run):
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(kafka_run.cfg.table_path("bronze", "events")).to_pandas()
+    assert len(rows) == len(kafka_run.sent)
+    assert rows.kafka_key_bytes.notna().sum() == sum(1 for k in KAFKA_KINDS if KINDS[k]["kafka"][0].get("latin1_key"))

@@ -154,6 +154,43 @@ def test_cloudtrail_every_record_reaches_silver_and_gold_matches_a_batch_count(s
         forget(spark, cfg)
 
 
+def test_a_cloudtrail_file_of_5000_records_is_linear_and_keeps_its_bytes_once(spark, tmp_path):
+    """A real CloudTrail file carries thousands of records in one JSON object: every record is
+    in silver or quarantined with its reason, and quarantine holds the file's bytes once, not
+    once per rejected record."""
+    from common.raw_bytes import as_binary
+
+    sample = [r for f in sorted(need(CLOUDTRAIL).glob("*.json.gz"))
+              for r in json.loads(gzip.decompress(f.read_bytes()))["Records"]]
+    records, bad = [], set()
+    for i in range(5000):
+        r = dict(sample[i % len(sample)], eventID=f"synthetic-{i:05d}",
+                 eventTime=f"2026-11-01T{i % 24:02d}:{i % 60:02d}:00Z")
+        if i % 1000 == 999:
+            r["eventTime"] = "not a time"
+            bad.add(r["eventID"])
+        records.append(r)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    data = gzip.compress(json.dumps({"Records": records}).encode())
+    (landing / "big.json.gz").write_bytes(data)
+    cfg = load_config(env=profile_env(tmp_path / "lakehouse", "cloudtrail", LANDING=str(landing)))
+    try:
+        run_pipeline(spark, cfg)
+        silver = read(spark, cfg, "silver", "cloudtrail")
+        quarantine = read(spark, cfg, "silver", "quarantine").collect()
+        assert silver.count() == 5000 - len(bad)
+        assert sorted(r.eventID for r in quarantine) == sorted(bad)
+        assert {tuple(r.reasons) for r in quarantine} == {("bad_timestamp:eventTime",)}
+        held = [r for r in read(spark, cfg, "silver", "quarantine").select(as_binary().alias("b")).collect()
+                if r.b is not None]
+        bronze = read(spark, cfg, "bronze", "events").select(as_binary().alias("b")).collect()
+        assert len(bronze) == 1 and [bytes(r.b) for r in held] == [bytes(bronze[0].b)]
+        assert gzip.decompress(data) == bytes(bronze[0].b)
+    finally:
+        forget(spark, cfg)
+
+
 # --- a profile written here, for a feed invented here ---------------------------------------
 
 SENSOR_PROFILE = """

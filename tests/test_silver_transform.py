@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 
 from common.config import load_config
 from common.quality import SuiteError, load_suites
+from tests.support.bronze_rows import bronze_row as support_bronze_row
 from common.schemas import BRONZE_EVENTS
 from silver import transform as T
 from silver.locations import seed
@@ -44,9 +45,8 @@ def record(*cameras: dict) -> str:
                        "metadata": {"access_token": "c.abc", "client_version": 1}})
 
 
-def bronze_row(raw: str | None, line: int, file: str = FILE, ingest: datetime = INGEST) -> tuple:
-    """A bronze.events row as the file source writes it (schema common.schemas.BRONZE_EVENTS)."""
-    return (raw, "file", file, line, ingest, None, None, None, None, None, ingest, ingest.date())
+def bronze_row(raw: str | bytes | None, line: int, file: str = FILE, ingest: datetime = INGEST) -> tuple:
+    return support_bronze_row(raw, line, file, ingest)
 
 
 def bronze_df(spark, raws, ingest: datetime = INGEST):
@@ -117,7 +117,7 @@ def test_a_record_with_three_cameras_gives_three_flat_typed_rows(spark, silver_c
     assert (one.duration_seconds, two.duration_seconds, three.duration_seconds) == (30.0, 60.5, 7.25)
     for r in rows.values():
         assert r.parsed and r.reasons == []
-        assert r.raw == raw
+        assert r.raw is None and r.bronze_line_number == 1   # the position, not the bytes
         assert len(r.event_id) == 64
         assert (r.bronze_source, r.bronze_file_path, r.bronze_line_number) == ("file", FILE, 1)
         assert r.bronze_ingest_time == int(INGEST.timestamp() * 1000)
@@ -235,16 +235,53 @@ def test_reason_checks_are_not_under_a_higher_order_function(spark, silver_conf)
 
 
 def test_non_utf8_bytes_are_quarantined_as_invalid_utf8(spark, silver_conf):
-    # Bronze keeps the bytes as they arrived, so raw may hold invalid UTF-8 (as the file source
-    # writes it: a binary -> string cast, no decoding).
+    # Bronze keeps bytes that are not UTF-8 in raw_bytes, raw NULL (common/raw_bytes.py).
     good = record(camera())
     garbage = b"\xff\xfe garbage " + good[:40].encode()
-    bronze = (bronze_df(spark, [good, good])
-              .withColumn("raw", F.when(F.col("line_number") == 2,
-                                        F.unhex(F.lit(garbage.hex())).cast("string"))
-                          .otherwise(F.col("raw"))))
-    assert bytes(bronze.where("line_number = 2").selectExpr("CAST(raw AS BINARY)").first()[0]) == garbage
-    assert reasons_by_line(parse(spark, silver_conf, bronze)) == {1: [], 2: ["invalid_utf8"]}
+    bronze = bronze_df(spark, [good, garbage])
+    row = bronze.where("line_number = 2").first()
+    assert row.raw is None and bytes(row.raw_bytes) == garbage
+    parsed = parse(spark, silver_conf, bronze)
+    assert reasons_by_line(parsed) == {1: [], 2: ["invalid_utf8"]}
+    q = T.to_quarantine(T.rejected(parsed), 1, NEST).first()
+    assert q.raw is None and bytes(q.raw_bytes) == garbage
+
+
+def test_a_record_over_the_size_limit_is_quarantined_unparsed(spark, silver_conf):
+    small, big = record(camera("cam-0001")), record(*[camera(f"cam-{i:04d}") for i in range(40)])
+    parsed = T.parse_events(bronze_df(spark, [small, big]), silver_conf.min_event_time,
+                            silver_conf.max_future.seconds, NEST, max_record_bytes=len(small) + 10)
+    assert reasons_by_line(parsed) == {1: [], 2: ["record_too_large"]}
+    assert parsed.where("bronze_line_number = 2").first().raw == big
+
+
+def test_events_carry_their_bronze_position_not_the_record(spark, silver_conf):
+    """A record's bytes ride only on the row of a record that did not parse: on every event of a
+    record of n elements they made silver's cost grow with size x n."""
+    wide = record(*[camera(f"cam-{i:04d}") for i in range(50)])
+    parsed = parse(spark, silver_conf, ["{oops", wide])
+    rows = parsed.collect()
+    assert [r.raw for r in rows if r.bronze_line_number == 1] == ["{oops"]
+    events = [r for r in rows if r.bronze_line_number == 2]
+    assert len(events) == 50 and all(r.raw is None and r.raw_bytes is None for r in events)
+
+
+def test_quarantined_events_get_their_record_bytes_once_per_record(spark, silver_conf):
+    two_bad = record(camera("cam-0001"), camera("cam-0002", has_person="maybe"),
+                     camera("cam-0003", start="later"))
+    one_bad = record(camera("cam-0004", has_person="maybe"))
+    bronze = bronze_df(spark, ["{oops", two_bad, one_bad, record(camera("cam-0005"))])
+    parsed = parse(spark, silver_conf, bronze)
+    fetch = parsed.agg(*T.fetch_window(~T.is_accepted())).first()
+    q = T.to_quarantine(T.with_record_bytes(T.rejected(parsed), bronze, NEST, *fetch), 1, NEST).collect()
+    by_line = {}
+    for r in q:
+        by_line.setdefault(r.bronze_line_number, []).append(r)
+    assert sorted((line, len(rs)) for line, rs in by_line.items()) == [(1, 1), (2, 2), (3, 1)]
+    assert by_line[1][0].raw == "{oops"
+    assert sorted(r.raw for r in by_line[2] if r.raw) == [two_bad]     # once, not on both events
+    assert sum(r.raw is None for r in by_line[2]) == 1
+    assert by_line[3][0].raw == one_bad
 
 
 def test_time_range_edges_are_accepted(spark, silver_conf):

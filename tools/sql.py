@@ -57,6 +57,8 @@ def run_query(spark, query: str, limit: int) -> str:
         return render(df.columns, [tuple(r) for r in df.limit(limit + 1).collect()], limit)
     except (AnalysisException, ParseException) as e:
         raise StatementError(str(e).split("\n")[0]) from None
+    except Exception as e:   # noqa: BLE001 - a failed job (bad data, a lost file): its first line, no traceback
+        raise StatementError(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
 
 
 class Runner:
