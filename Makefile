@@ -22,7 +22,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup fetch lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit soak status report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore reset-gold
+        seed-locations sql demo audit bench-audit bench-wide soak status report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore reset-gold
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -193,6 +193,9 @@ soak: setup ## The pipeline at a steady feed for MINUTES, sampled every minute; 
 	$(PY) -m bench.soak $(if $(MINUTES),--minutes $(MINUTES)) $(if $(RATE),--rate $(RATE)) $(if $(NO_MAINTENANCE),--no-maintenance)
 
 VERSIONS ?= 50
+bench-wide: setup ## Silver on wide records (one record of 20,000 / 200,000 elements, a 5,000-record CloudTrail file) against normal ones (CASES=...)
+	$(PY) -m bench.wide $(if $(CASES),--cases $(CASES))
+
 bench-audit: setup ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
 	$(PY) -m bench.audit_versions --versions $(VERSIONS)
 
