@@ -233,9 +233,13 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
             dtype = dtype[part].dataType
         is_map = isinstance(dtype, MapType)
     parts = (idx, "_element_key", "_el") if is_map else (idx, "_el")
+    # In a projection of their own, before the explode: computed in the explode's select, Spark
+    # would evaluate them after it, on every element's row, and the generator would still copy
+    # the record's bytes onto each one.
+    for c in RAW_COLUMNS:
+        records = records.withColumn(c, F.when(~F.col("parsed"), F.col(c)))
     exploded = records.select(
-        *[F.when(~F.col("parsed"), F.col(c)).alias(c) for c in RAW_COLUMNS],
-        *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"),
+        *RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"),
         F.posexplode_outer(F.when(F.col("parsed"), elements)).alias(*parts))
     el = F.col("_el")
     outputs = [f for f in profile.fields if f.type != "present"]

@@ -264,6 +264,11 @@ def test_events_carry_their_bronze_position_not_the_record(spark, silver_conf):
     assert [r.raw for r in rows if r.bronze_line_number == 1] == ["{oops"]
     events = [r for r in rows if r.bronze_line_number == 2]
     assert len(events) == 50 and all(r.raw is None and r.raw_bytes is None for r in events)
+    # ... and the generator never sees them for a parsed record: they are NULLed beneath it (above
+    # it, Spark would copy the bytes onto every element's row first, and NULL them after).
+    plan = parsed._jdf.queryExecution().executedPlan().toString()
+    below = plan[plan.index("Generate"):]
+    assert "CASE WHEN NOT parsed" in below and "CASE WHEN NOT parsed" not in plan[:plan.index("Generate")]
 
 
 def test_quarantined_events_get_their_record_bytes_once_per_record(spark, silver_conf):
