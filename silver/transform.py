@@ -66,7 +66,7 @@ def event_columns(profile: Profile) -> list[str]:
 
 # The record's bytes (common/raw_bytes.py). Silver carries them only on the row of a record it
 # could not parse: an event carries its bronze position (LINEAGE) instead, from which a
-# quarantined event's record is fetched once (silver/raw_fetch.py). Carried on every event, a
+# quarantined event's record is fetched once (with_record_bytes). Carried on every event, a
 # record of 20,000 elements was copied 20,000 times.
 RAW_COLUMNS = [raw_bytes.RAW, raw_bytes.RAW_BYTES]
 
