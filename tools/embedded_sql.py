@@ -147,6 +147,8 @@ class EmbeddedEngine:
                 if as_of is not None:
                     raise QueryError(f"{full} cannot be read as of {as_of}: {_first_line(e)}") from None
                 raise Unsupported(f"delta-rs cannot read {full} ({_first_line(e)})") from None
+            except QueryError:
+                raise
             except Exception as e:   # noqa: BLE001 - delta-rs and Arrow raise plain errors on data they refuse
                 raise Unsupported(f"delta-rs cannot read {full} ({type(e).__name__}: {_first_line(e)})") from None
             name = f"{layer}__{table}" + ("" if as_of is None else f"__{len(self._snapshots)}")
