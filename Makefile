@@ -22,7 +22,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup fetch lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit bench-wide soak status report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff restore reset-gold
+        seed-locations sql demo audit bench-audit bench-wide soak status report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes restore reset-gold
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -132,6 +132,10 @@ sql: setup ## make sql Q="SELECT ..." prints a table (no JVM; ENGINE=spark for S
 diff: setup ## Rows added/removed between two versions: TABLE=gold.x FROM=3 TO=7 (SAMPLE=N, JSON=1)
 	@test -n "$(TABLE)" -a -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make diff TABLE=<layer.table> FROM=<version> TO=<version> [SAMPLE=N] [JSON=1]" >&2; exit 2; }
 	@$(PY) -m audit.diff "$(TABLE)" "$(FROM)" "$(TO)" $(if $(SAMPLE),--sample "$(SAMPLE)") $(if $(JSON),--json)
+
+changes: setup ## A table's change data feed: TABLE=gold.x FROM=3 [TO=7] (LIMIT=N, JSON=1)
+	@test -n "$(TABLE)" -a -n "$(FROM)" || { echo "usage: make changes TABLE=<layer.table> FROM=<version> [TO=<version>] [LIMIT=N] [JSON=1]" >&2; exit 2; }
+	@$(PY) -m audit.changes "$(TABLE)" --from "$(FROM)" $(if $(TO),--to "$(TO)") $(if $(LIMIT),--limit "$(LIMIT)") $(if $(JSON),--json)
 
 restore: setup ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks first; YES=1 does not)
 	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }

@@ -167,6 +167,7 @@ class SilverConf(Spec):
     expectations: ExistingFile
     max_files_per_trigger: PosInt
     max_record_mb: PosInt
+    change_feed: Bool
 
     @property
     def max_record_bytes(self) -> int:
@@ -180,6 +181,7 @@ class GoldConf(Spec):
     stats_to_kafka: Bool
     expectations: ExistingFile
     max_files_per_trigger: PosInt
+    change_feed: Bool
 
 
 @spec

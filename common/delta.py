@@ -29,6 +29,13 @@ def retention_properties(cfg: Config) -> dict[str, str]:
     }
 
 
+def change_feed(on: bool) -> dict[str, str]:
+    """The table property of Delta's change data feed. A table that turns it on records
+    inserts, updates and deletes from that version on (a MERGE also writes the changed rows'
+    pre- and post-images beside its data files)."""
+    return {"delta.enableChangeDataFeed": str(on).lower()}
+
+
 def _interval(duration) -> str:
     return f"interval {int(duration.seconds)} seconds"
 

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import (TXN, appended, commit_metadata, ensure_table, idempotent_append, last_lineage, live_files,
+from common.delta import (TXN, appended, change_feed, commit_metadata, ensure_table, idempotent_append, last_lineage, live_files,
                           retry_on_conflict)
 from common.lineage import checkpoint_query_id, read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
@@ -361,7 +361,8 @@ def prepare_gold(spark, cfg, specs) -> None:
     together(lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
              lambda: accounting.ensure_accounting(spark, cfg),
              *[(lambda spec=spec: ensure_table(spark, cfg, "gold", spec.table,
-                                               output_schema(spark, cfg, spec, silver_schema)))
+                                               output_schema(spark, cfg, spec, silver_schema), (),
+                                               change_feed(cfg.gold.change_feed)))
                for spec in specs])
 
 
