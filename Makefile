@@ -7,7 +7,10 @@ VENV       := .venv
 PY         := $(VENV)/bin/python
 CACHE      := .cache
 M2         := $(CACHE)/m2
-MVN        := mvn -q -B -s jvm/settings.xml -Dmaven.repo.local=$(M2)
+# Maven 3.8's console library writes a colour reset (ESC[0m) to stdout and stderr as it starts
+# and stops, even with -q -B: jansi.noreset stops it, and only as a JVM property (MAVEN_OPTS),
+# read before Maven parses its -D options. style.color=never covers Maven 3.9's own colours.
+MVN        := MAVEN_OPTS="$$MAVEN_OPTS -Djansi.noreset=true" mvn -q -B -Dstyle.color=never -s jvm/settings.xml -Dmaven.repo.local=$(M2)
 PY_STAMP   := $(VENV)/.installed
 JAR_STAMP  := $(CACHE)/jars/.fetched
 # The full resolved Python set (every transitive package, pip and setuptools included): setup
