@@ -165,6 +165,19 @@ run-all: $(READY) ## bronze -> silver -> gold in one Spark application; TRIGGER=
 
 DEMO_N ?= 20000
 STORE  ?= local
+# STORE picks where `make demo` puts its lakehouse, and only that: every other target works on
+# LAKEHOUSE_ROOT (a shell pointed at the server by `eval "$(make -s s3-env)"`). A STORE they
+# would ignore is refused before anything runs, rather than a `make audit STORE=s3` auditing the
+# local lakehouse and printing PASS. Sub-makes (setup's fetch) inherit it and are not judged.
+ifeq ($(filter local s3,$(STORE)),)
+$(error STORE=$(STORE): STORE takes local or s3)
+endif
+WITHOUT_LAKEHOUSE := demo help setup fetch lock s3-up s3-down s3-status s3-env kafka-up kafka-down kafka-status
+ifeq ($(STORE):$(MAKELEVEL),s3:0)
+ifneq ($(filter-out $(WITHOUT_LAKEHOUSE),$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL))),)
+$(error STORE=s3 is read by `make demo` alone; `make $(filter-out $(WITHOUT_LAKEHOUSE),$(MAKECMDGOALS))` works on LAKEHOUSE_ROOT. For the demo's lakehouse on the local S3 server run  eval "$$(make -s s3-env PREFIX=demo)"  in this shell, then the command without STORE)
+endif
+endif
 define DEMO_NEXT
 @echo
 @echo "What to try next:"
@@ -181,7 +194,7 @@ ifeq ($(STORE),s3)
 	  $(PY) -m tools.generator -n $(DEMO_N) --seed $(SEED) && \
 	  $(PY) -m pipeline && \
 	  $(PY) -m tools.sql -f conf/demo.sql
-	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$($(PY) -m tools.s3_server env --prefix demo)"  first for the commands below.'
+	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$(make -s s3-env PREFIX=demo)"  first for the commands below (STORE=s3 is for make demo only).'
 else
 	$(PY) -m tools.generator -n $(DEMO_N) --seed $(SEED)
 	$(MAKE) --no-print-directory run-all
@@ -234,5 +247,5 @@ s3-down: ## Stop the local S3 server
 s3-status: ## Is the local S3 server up?
 	$(PY) -m tools.s3_server status
 
-s3-env: ## Print the exports (endpoint, credentials) that point a shell at the local S3 server
-	@$(PY) -m tools.s3_server env
+s3-env: ## Print the exports (endpoint, credentials, LAKEHOUSE_ROOT) that point a shell at the local S3 server (PREFIX=demo: the demo's)
+	@$(PY) -m tools.s3_server env $(if $(PREFIX),--prefix $(PREFIX))
