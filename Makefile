@@ -7,7 +7,10 @@ VENV       := .venv
 PY         := $(VENV)/bin/python
 CACHE      := .cache
 M2         := $(CACHE)/m2
-MVN        := mvn -q -B -s jvm/settings.xml -Dmaven.repo.local=$(M2)
+# Maven 3.8's console library writes a colour reset (ESC[0m) to stdout and stderr as it starts
+# and stops, even with -q -B: jansi.noreset stops it, and only as a JVM property (MAVEN_OPTS),
+# read before Maven parses its -D options. style.color=never covers Maven 3.9's own colours.
+MVN        := MAVEN_OPTS="$$MAVEN_OPTS -Djansi.noreset=true" mvn -q -B -Dstyle.color=never -s jvm/settings.xml -Dmaven.repo.local=$(M2)
 PY_STAMP   := $(VENV)/.installed
 JAR_STAMP  := $(CACHE)/jars/.fetched
 # The full resolved Python set (every transitive package, pip and setuptools included): setup
@@ -33,6 +36,23 @@ help: ## List the targets
 setup: ## Create .venv, install pinned Python deps, fetch JVM jars with Maven, build the JVM class archive (idempotent)
 	@$(MAKE) --no-print-directory -j2 fetch >&2
 	@$(PY) -m pipeline.class_archive >&2
+	@mkdir -p $(dir $(READY)) && touch $(READY)
+
+# Targets that need the venv, the jars and the class archive depend on $(READY), which make
+# itself judges from file times: asking Python whether the archive is current cost every
+# `make sql` a Python start (1.5-2.5 s on 2 busy cores) when nothing had changed. The archive is
+# named after the JDK, pyspark and the jars' times (common/class_archive.py); pyspark and the
+# jars change only through the two fetch stamps, and the JDK's path is in this file's name.
+# A missing stamp or archive (a fresh clone, a deleted .venv) runs setup as a whole, fetching
+# side by side; an older stamp is rebuilt on its own before. `make setup` checks everything.
+JAVA_BIN   := $(realpath $(if $(JAVA_HOME),$(JAVA_HOME)/bin/java,$(shell command -v java)))
+READY      := $(CACHE)/cds/.ready$(subst /,-,$(JAVA_BIN))
+SET_UP     := $(and $(wildcard $(PY_STAMP)),$(wildcard $(JAR_STAMP)),$(wildcard $(CACHE)/cds/driver-*.jsa))
+$(READY): $(wildcard $(PY_STAMP) $(JAR_STAMP)) $(JAVA_BIN) $(if $(SET_UP),,FORCE)
+	@$(MAKE) --no-print-directory setup
+
+.PHONY: FORCE
+FORCE:
 
 fetch: $(PY_STAMP) $(JAR_STAMP)
 	@:
@@ -85,7 +105,7 @@ $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3p
 # stretch of the suite its batches take longer: batch times are judged only on samples during
 # which other processes left it the machine (bench/soak/judge.py, TIMED).
 BESIDE := tests/test_soak.py::test_short_soak_end_to_end
-test: setup ## Run the whole test suite (real Spark, Delta and Kafka)
+test: $(READY) ## Run the whole test suite (real Spark, Delta and Kafka)
 	@log=$$(mktemp); \
 	nice -n 10 $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$log.tmp $(BESIDE) > $$log 2>&1 & beside=$$!; \
 	$(PY) -m pytest -q --durations=15 --deselect $(BESIDE); rest=$$?; \
@@ -93,10 +113,10 @@ test: setup ## Run the whole test suite (real Spark, Delta and Kafka)
 	echo "--- beside the suite: $(BESIDE)"; cat $$log; rm -rf $$log $$log.tmp; \
 	test $$rest -eq 0 -a $$alone -eq 0
 
-test-fast: setup ## The quick loop: no Kafka broker, no long end-to-end runs (chaos, cluster, soak, S3 chaos)
+test-fast: $(READY) ## The quick loop: no Kafka broker, no long end-to-end runs (chaos, cluster, soak, S3 chaos)
 	$(PY) -m pytest -q -m "not kafka and not slow"
 
-kafka-up: setup ## Start the local KRaft Kafka broker on 127.0.0.1 (port from conf)
+kafka-up: $(READY) ## Start the local KRaft Kafka broker on 127.0.0.1 (port from conf)
 	$(PY) -m tools.kafka_broker up
 
 kafka-down: ## Stop the local Kafka broker
@@ -111,44 +131,57 @@ clean-lakehouse: ## Delete the lakehouse (tables, checkpoints, landing) under LA
 clean: kafka-down s3-down ## Remove venv, jar cache, broker and S3 server data and the default lakehouse
 	rm -rf $(VENV) $(CACHE) .kafka .s3 lakehouse .pytest_cache
 
-generate: setup ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) + device_locations
+generate: $(READY) ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) + device_locations
 	$(PY) -m tools.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST))
 
-run-bronze: setup ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
+run-bronze: $(READY) ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
 	$(PY) -m pipeline --layer bronze
 
-seed-locations: setup ## Load device_locations.csv (from `make generate`) into silver.device_locations
+seed-locations: $(READY) ## Load device_locations.csv (from `make generate`) into silver.device_locations
 	$(PY) -m silver.locations
 
-run-silver: setup ## bronze.events -> silver.camera_events + silver.quarantine (TRIGGER=...)
+run-silver: $(READY) ## bronze.events -> silver.camera_events + silver.quarantine (TRIGGER=...)
 	$(PY) -m pipeline --layer silver
 
-run-gold: setup ## silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity, gold.device_sessions
+run-gold: $(READY) ## silver.camera_events -> gold.zip_hourly_sightings, gold.device_activity, gold.device_sessions
 	$(PY) -m pipeline --layer gold
 
-sql: setup ## make sql Q="SELECT ..." prints a table (no JVM; ENGINE=spark for Spark SQL); plain `make sql` opens a spark-sql shell
+sql: $(READY) ## make sql Q="SELECT ..." prints a table (no JVM; ENGINE=spark for Spark SQL); plain `make sql` opens a spark-sql shell
 	@$(PY) -m tools.sql $(if $(Q),"$$Q") $(if $(LIMIT),--limit $(LIMIT))
 
-diff: setup ## Rows added/removed between two versions: TABLE=gold.x FROM=3 TO=7 (SAMPLE=N, JSON=1)
+diff: $(READY) ## Rows added/removed between two versions: TABLE=gold.x FROM=3 TO=7 (SAMPLE=N, JSON=1)
 	@test -n "$(TABLE)" -a -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make diff TABLE=<layer.table> FROM=<version> TO=<version> [SAMPLE=N] [JSON=1]" >&2; exit 2; }
 	@$(PY) -m audit.diff "$(TABLE)" "$(FROM)" "$(TO)" $(if $(SAMPLE),--sample "$(SAMPLE)") $(if $(JSON),--json)
 
-changes: setup ## A table's change data feed: TABLE=gold.x FROM=3 [TO=7] (LIMIT=N, JSON=1)
+changes: $(READY) ## A table's change data feed: TABLE=gold.x FROM=3 [TO=7] (LIMIT=N, JSON=1)
 	@test -n "$(TABLE)" -a -n "$(FROM)" || { echo "usage: make changes TABLE=<layer.table> FROM=<version> [TO=<version>] [LIMIT=N] [JSON=1]" >&2; exit 2; }
 	@$(PY) -m audit.changes "$(TABLE)" --from "$(FROM)" $(if $(TO),--to "$(TO)") $(if $(LIMIT),--limit "$(LIMIT)") $(if $(JSON),--json)
 
-restore: setup ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks first; YES=1 does not)
+restore: $(READY) ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks first; YES=1 does not)
 	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }
 	@$(PY) -m audit.restore "$(TABLE)" "$(VERSION)" $(if $(YES),--yes)
 
-reset-gold: setup ## Drop the gold tables and gold checkpoints so the next gold run rebuilds them from silver (asks first; YES=1 does not)
+reset-gold: $(READY) ## Drop the gold tables and gold checkpoints so the next gold run rebuilds them from silver (asks first; YES=1 does not)
 	@$(PY) -m audit.reset_gold $(if $(YES),--yes)
 
-run-all: setup ## bronze -> silver -> gold in one Spark application; TRIGGER=processing-time runs them at once until Ctrl-C/SIGTERM
+run-all: $(READY) ## bronze -> silver -> gold in one Spark application; TRIGGER=processing-time runs them at once until Ctrl-C/SIGTERM
 	$(PY) -m pipeline $(if $(TRIGGER),--trigger $(TRIGGER))
 
 DEMO_N ?= 20000
 STORE  ?= local
+# STORE picks where `make demo` puts its lakehouse, and only that: every other target works on
+# LAKEHOUSE_ROOT (a shell pointed at the server by `eval "$(make -s s3-env)"`). A STORE they
+# would ignore is refused before anything runs, rather than a `make audit STORE=s3` auditing the
+# local lakehouse and printing PASS. Sub-makes (setup's fetch) inherit it and are not judged.
+ifeq ($(filter local s3,$(STORE)),)
+$(error STORE=$(STORE): STORE takes local or s3)
+endif
+WITHOUT_LAKEHOUSE := demo help setup fetch lock s3-up s3-down s3-status s3-env kafka-up kafka-down kafka-status
+ifeq ($(STORE):$(MAKELEVEL),s3:0)
+ifneq ($(filter-out $(WITHOUT_LAKEHOUSE),$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL))),)
+$(error STORE=s3 is read by `make demo` alone; `make $(filter-out $(WITHOUT_LAKEHOUSE),$(MAKECMDGOALS))` works on LAKEHOUSE_ROOT. For the demo's lakehouse on the local S3 server run  eval "$$(make -s s3-env PREFIX=demo)"  in this shell, then the command without STORE)
+endif
+endif
 define DEMO_NEXT
 @echo
 @echo "What to try next:"
@@ -158,14 +191,14 @@ define DEMO_NEXT
 @echo "  make report                       charts of batches, quality and quarantine (reports/index.html)"
 @echo "  make run-all TRIGGER=processing-time   keep streaming; drop files into the landing folder"
 endef
-demo: setup ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql); STORE=s3 on the local S3 server
+demo: $(READY) ## Setup, generate a sample, run bronze -> silver -> gold, print gold queries (conf/demo.sql); STORE=s3 on the local S3 server
 ifeq ($(STORE),s3)
 	$(PY) -m tools.s3_server up
 	eval "$$($(PY) -m tools.s3_server env --prefix demo)" && \
 	  $(PY) -m tools.generator -n $(DEMO_N) --seed $(SEED) && \
 	  $(PY) -m pipeline && \
 	  $(PY) -m tools.sql -f conf/demo.sql
-	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$($(PY) -m tools.s3_server env --prefix demo)"  first for the commands below.'
+	@echo 'The demo lakehouse is on the local S3 server: run  eval "$$(make -s s3-env PREFIX=demo)"  first for the commands below (STORE=s3 is for make demo only).'
 else
 	$(PY) -m tools.generator -n $(DEMO_N) --seed $(SEED)
 	$(MAKE) --no-print-directory run-all
@@ -173,34 +206,34 @@ else
 endif
 	$(DEMO_NEXT)
 
-status: setup ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
+status: $(READY) ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
 	@$(PY) -m tools.status $(if $(JSON),--json)
 
-report: setup ## PNG charts + index.html from ops.query_progress, dq_results, quarantine (under paths.reports)
+report: $(READY) ## PNG charts + index.html from ops.query_progress, dq_results, quarantine (under paths.reports)
 	@$(PY) -m tools.report
 
-dq-docs: setup ## Great Expectations Data Docs of the recorded gate results, <paths.reports>/dq-docs (LAST=N batches per query, LAYER=, SUITE=)
+dq-docs: $(READY) ## Great Expectations Data Docs of the recorded gate results, <paths.reports>/dq-docs (LAST=N batches per query, LAYER=, SUITE=)
 	@$(PY) -m tools.dq_docs $(if $(LAST),--last $(LAST)) $(if $(LAYER),--layer $(LAYER)) $(if $(SUITE),--suite $(SUITE))
 
-maintain: setup ## Compact (OPTIMIZE) and VACUUM every table, drop ops rows past retention; safe beside running queries (TABLE=<name>, JSON=1)
+maintain: $(READY) ## Compact (OPTIMIZE) and VACUUM every table, drop ops rows past retention; safe beside running queries (TABLE=<name>, JSON=1)
 	@$(PY) -m pipeline.maintenance $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)
 
-audit: setup ## Audit every table (TABLE=<name> for one): history, prefix integrity of every gold version, accounting (JSON=1)
+audit: $(READY) ## Audit every table (TABLE=<name> for one): history, prefix integrity of every gold version, accounting (JSON=1)
 	@$(PY) -m audit $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)
 
 # N and SEED have defaults for `make generate`; chaos takes them only when given on the command line.
-chaos: setup ## kill -9 the pipeline (MODE=split: single layers; MODE=mixed: both, one drain) at random points while data arrives, then audit (N=kills; SEED)
+chaos: $(READY) ## kill -9 the pipeline (MODE=split: single layers; MODE=mixed: both, one drain) at random points while data arrives, then audit (N=kills; SEED)
 	$(PY) -m chaos --kills $(if $(filter command line,$(origin N)),$(N),10) $(if $(filter command line,$(origin SEED)),--seed $(SEED)) $(if $(MODE),--mode $(MODE))
 
 # make soak MINUTES=30 RATE=200 (defaults: soak.minutes, soak.rate); NO_MAINTENANCE=1 to compare files per table.
-soak: setup ## The pipeline at a steady feed for MINUTES, sampled every minute; charts, audit; exit 1 if a series grows (RATE, NO_MAINTENANCE=1)
+soak: $(READY) ## The pipeline at a steady feed for MINUTES, sampled every minute; charts, audit; exit 1 if a series grows (RATE, NO_MAINTENANCE=1)
 	$(PY) -m bench.soak $(if $(MINUTES),--minutes $(MINUTES)) $(if $(RATE),--rate $(RATE)) $(if $(NO_MAINTENANCE),--no-maintenance)
 
 VERSIONS ?= 50
-bench-wide: setup ## Silver on wide records (one record of 20,000 / 200,000 elements, a 5,000-record CloudTrail file) against normal ones (CASES=...)
+bench-wide: $(READY) ## Silver on wide records (one record of 20,000 / 200,000 elements, a 5,000-record CloudTrail file) against normal ones (CASES=...)
 	$(PY) -m bench.wide $(if $(CASES),--cases $(CASES))
 
-bench-audit: setup ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
+bench-audit: $(READY) ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
 	$(PY) -m bench.audit_versions --versions $(VERSIONS)
 
 # `make bench N=20000` works too: N given on the command line wins over BENCH_N's default
@@ -209,10 +242,10 @@ BENCH_N ?= 1000000
 ifeq ($(origin N),command line)
 BENCH_N := $(N)
 endif
-bench: setup ## Ceiling, layer throughput, incremental cost, latency, state, quality on BENCH_N events (ONLY=a,b..., BENCH_ARGS=...)
+bench: $(READY) ## The figures (a)-(h) of docs/benchmark.md on BENCH_N events: ceiling, throughput, incremental cost, latency, state, quality, plain Spark, empty batches (ONLY=a,b,...,h; BENCH_ARGS=...)
 	$(PY) -m bench.run -n $(BENCH_N) $(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 
-s3-up: setup ## Start the local S3-compatible server (S3Proxy) on 127.0.0.1 with the bucket from conf
+s3-up: $(READY) ## Start the local S3-compatible server (S3Proxy) on 127.0.0.1 with the bucket from conf
 	$(PY) -m tools.s3_server up
 
 s3-down: ## Stop the local S3 server
@@ -221,5 +254,5 @@ s3-down: ## Stop the local S3 server
 s3-status: ## Is the local S3 server up?
 	$(PY) -m tools.s3_server status
 
-s3-env: ## Print the exports (endpoint, credentials) that point a shell at the local S3 server
-	@$(PY) -m tools.s3_server env
+s3-env: ## Print the exports (endpoint, credentials, LAKEHOUSE_ROOT) that point a shell at the local S3 server (PREFIX=demo: the demo's)
+	@$(PY) -m tools.s3_server env $(if $(PREFIX),--prefix $(PREFIX))

@@ -13,15 +13,16 @@ class Version:
     operation: str
     rows_added: int | None
     rows_removed: int | None
-    lineage: dict | None              # the pipeline's commit lineage, None for other commits
+    lineage: dict | None              # the micro-batch that made it, None for other commits
     parameters: dict = field(default_factory=dict)
     tool: str = ""                    # a pipeline command that is not a stream (seed-locations)
 
     @property
     def upstream(self) -> str:
-        if not self.lineage:
+        # Bronze reads files or a topic, not a table: its batches have no upstream version.
+        up = (self.lineage or {}).get("upstream")
+        if not up:
             return ""
-        up = self.lineage["upstream"]
         version = "partial" if up["version"] is None else up["version"]
         return f"{up['table']}@{version}"
 
@@ -37,7 +38,7 @@ class Version:
         return {"version": self.version, "timestamp": str(self.timestamp),
                 "operation": self.operation, "rows_added": self.rows_added,
                 "rows_removed": self.rows_removed, "made_by": self.made_by or None,
-                "upstream": self.lineage["upstream"] if self.lineage else None,
+                "upstream": (self.lineage or {}).get("upstream"),
                 "lineage": self.lineage}
 
 
@@ -85,6 +86,18 @@ def table_history(spark, path: str) -> list[Version]:
             added, removed = after.exceptAll(before).count(), before.exceptAll(after).count()
         tagged = parse(r.userMetadata) or {}
         history.append(Version(r.version, r.timestamp, r.operation, added, removed,
-                               tagged if "upstream" in tagged else None,
-                               dict(r.operationParameters or {}), tagged.get("made_by", "")))
+                               tagged if made_by_batch(tagged) else None,
+                               dict(r.operationParameters or {}), _tool(tagged)))
     return history
+
+
+def made_by_batch(tagged: dict) -> bool:
+    """Whether the pipeline's commit was made by a micro-batch: silver and gold batches record
+    their upstream table too, bronze's (BronzeAppend) only the query and batch."""
+    return "query" in tagged and isinstance(tagged.get("batch_id"), int)
+
+
+def _tool(tagged: dict) -> str:
+    if "migration" in tagged:       # common.raw_bytes: the pipeline moving bytes at start-up
+        return f"migration ({tagged['migration']})"
+    return tagged.get("made_by", "")

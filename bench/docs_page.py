@@ -92,6 +92,7 @@ below, and marks each target met or MISSED; this page is written by the bench it
 make bench                      # BENCH_N events, default 1,000,000
 make bench BENCH_N=20000        # fewer events
 make bench ONLY=a,b,f,g         # a subset of the figures
+make bench ONLY=h               # (h) alone: runs (b)'s run-all and the (d, e) stream it times
 make bench BENCH_ARGS="--rate 5000 --stream-seconds 300 --interval '2 seconds'"
 .venv/bin/python -m bench.run --help
 ```

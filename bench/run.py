@@ -47,7 +47,10 @@ from common.log import message_of, parseable_env
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
-SECTIONS = "abcdefg"
+SECTIONS = "abcdefgh"
+# (h) times the batches that read no row in (b)'s run-all and in the streaming run of (d, e):
+# `--only h` runs both, and the figures they give on the way are kept too.
+RUN_ALL_FIGURES, STREAM_FIGURES = set("bcfh"), set("deh")
 # How the bench runs the pipeline end to end; the one place to point it at another runner.
 RUN_ALL = [sys.executable, "-m", "pipeline"]
 GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
@@ -410,7 +413,7 @@ def parse_args(argv, prog: str = "python -m bench.run"):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f, g (default 1M)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b,g (default: all seven)")
+    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b,g (default: all eight; h runs b's run-all and the d, e stream)")
     p.add_argument("--rate", type=int, default=5000, help="(d, e) feed rate, events/s (default 5000)")
     # Issue 16 judges latency and state over at least five minutes of feed.
     p.add_argument("--stream-seconds", type=float, default=300, help="(d, e) how long to feed (default 300)")
@@ -471,7 +474,7 @@ def main(argv=None, prog: str = "python -m bench.run") -> int:
 def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, phase) -> None:
     """The selected figures, in the order that lets each reuse the one before (b needs the data
     a generated, c appends to what b ran, e reads what d streamed)."""
-    if args.sections & set("abcfg"):
+    if args.sections & (set("ag") | RUN_ALL_FIGURES):
         log(f"generating {args.events:,} events")
         manifest = phase("generate", generate, env, run_dir, args.events, args.seed, ("--span", SPAN))
         if manifest:
@@ -481,7 +484,7 @@ def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, 
                 from bench.ceiling import measure
                 result["ceiling"] = phase("a", lambda: measure(session(), str(cfg.landing), args.events,
                                                                     cfg.profile))
-            if args.sections & set("bcf"):
+            if args.sections & RUN_ALL_FIGURES:
                 result["throughput"] = phase("b", throughput, session, cfg, env, run_dir, args.events,
                                              result.get("ceiling"))
                 result["quality"] = phase("f", quality, session, cfg)
@@ -491,7 +494,7 @@ def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, 
                                            result.get("throughput"))
             if "c" in args.sections and result.get("throughput"):
                 result["incremental"] = phase("c", incremental, session, cfg, env, run_dir, manifest, args.seed)
-    if args.sections & set("de"):
+    if args.sections & STREAM_FIGURES:
         streamed = phase("d,e", stream_phase, args, run_dir)
         if streamed:
             latency, span, scfg = streamed

@@ -223,6 +223,12 @@ def _worker_environment() -> None:
 
 _launching: threading.Thread | None = None
 
+# Spark's launcher gives every driver JVM --add-modules=jdk.incubator.vector (pyspark 4.1's
+# JavaModuleOptions, placed after any option of ours, so no conf takes it out), and the JDK then
+# prints this line at start; no JVM flag silences it. It says nothing an operator can act on, so
+# the JVM's stderr goes through _forward_stderr, which drops that line and passes every other.
+JVM_STARTUP_NOISE = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vector"})
+
 
 def prelaunch_jvm(cfg: Config) -> None:
     """Start the driver JVM (only the JVM and its Py4J gateway: no SparkContext, no query) on a
@@ -232,15 +238,21 @@ def prelaunch_jvm(cfg: Config) -> None:
     global _launching
     if submitted() or _launching is not None:
         return
+    _worker_environment()
+    _launching = threading.Thread(target=_launch, args=(_launch_conf(cfg),), name="jvm-launch", daemon=True)
+    _launching.start()
+
+
+def _launch_conf(cfg: Config, extra: dict[str, str] | None = None):
+    """What spark-submit needs to start the driver JVM (its options, classpath, memory); the
+    session built on it later gets the whole conf again."""
     from pyspark import SparkConf
 
-    _worker_environment()
-    conf = SparkConf(loadDefaults=False).setAll(list(spark_conf(cfg).items()))
+    conf = SparkConf(loadDefaults=False).setAll(list({**spark_conf(cfg), **(extra or {})}.items()))
     master = master_override(cfg)
     if master:
         conf.setMaster(master)
-    _launching = threading.Thread(target=_launch, args=(conf,), name="jvm-launch", daemon=True)
-    _launching.start()
+    return conf
 
 
 def _launch(conf) -> None:
@@ -249,10 +261,27 @@ def _launch(conf) -> None:
 
     with SparkContext._lock:
         if SparkContext._gateway is None:
+            read, write = os.pipe()
+            threading.Thread(target=_forward_stderr, args=(read,), name="jvm-stderr", daemon=True).start()
             try:
-                SparkContext._gateway = launch_gateway(conf)
+                SparkContext._gateway = launch_gateway(conf, popen_kwargs={"stderr": write})
                 SparkContext._jvm = SparkContext._gateway.jvm
             except Exception:   # noqa: BLE001 - build_spark launches it again and reports the error
+                pass
+            finally:
+                os.close(write)     # the JVM holds its own copy: the pipe ends when the JVM does
+
+
+def _forward_stderr(fd: int) -> None:
+    """The JVM's stderr, line by line as it comes, to this process's, less JVM_STARTUP_NOISE."""
+    with os.fdopen(fd, "rb") as pipe:
+        for line in pipe:
+            if line.rstrip(b"\r\n") in JVM_STARTUP_NOISE:
+                continue
+            try:
+                while line:
+                    line = line[os.write(2, line):]
+            except OSError:     # stderr closed: keep draining, so the JVM never blocks on it
                 pass
 
 
@@ -260,6 +289,8 @@ def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] 
     _worker_environment()
     if _launching is not None:
         _launching.join()
+    elif not submitted():
+        _launch(_launch_conf(cfg, extra))
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name or cfg.spark.app_name)

@@ -15,8 +15,14 @@ SELECT device_id, zip_code, session_start, session_end, round(duration_seconds /
        events, person_events, status
 FROM gold.device_sessions ORDER BY duration_seconds DESC LIMIT 5;
 
--- Where every record went (summed over all micro-batches)
-SELECT layer, query, sum(records_in) AS records_in, sum(events_parsed) AS events_parsed,
+-- Where every bronze record went in silver (summed over all micro-batches)
+SELECT query, sum(records_in) AS records_in, sum(events_parsed) AS events_parsed,
        sum(events_written) AS events_written, sum(events_quarantined) AS quarantined,
        sum(duplicates_dropped) AS duplicates, sum(late_dropped) AS late
-FROM ops.batch_accounting GROUP BY layer, query ORDER BY layer, query;
+FROM ops.batch_accounting WHERE layer = 'silver' GROUP BY query ORDER BY query;
+
+-- What gold read from silver and wrote: its units are silver events in and gold rows changed
+-- (over the three tables), so it has a statement of its own rather than NULLs in silver's columns
+SELECT query, count(*) AS batches, sum(rows_in) AS events_read, sum(late_dropped) AS late,
+       sum(rows_written) AS rows_written
+FROM ops.batch_accounting WHERE layer = 'gold' GROUP BY query ORDER BY query;

@@ -152,6 +152,25 @@ def test_every_streaming_commit_records_its_upstream_version_query_and_batch(spa
     assert "silver.device_locations" in silver_last.lineage["dimensions"]
 
 
+def test_bronze_commits_are_the_pipelines_and_a_hand_append_is_not(spark, lake, tmp_path):
+    """Bronze reads files, not a table: its batches record query and batch but no upstream, and
+    the audit still names them as the pipeline's, not as made outside it."""
+    bronze = next(t for t in lake.report["tables"] if t["table"] == "bronze.events")
+    writes = [v for v in bronze["history"] if v["operation"] not in NO_DATA_CHANGE]
+    assert writes
+    for v in writes:
+        assert v["made_by"] == f"bronze_files#{v['lineage']['batch_id']}", v
+        assert v["lineage"]["query_id"] and v["upstream"] is None
+    assert "outside the pipeline" not in render({**lake.report, "tables": [bronze]})
+
+    cfg = copy_lake(spark, lake, tmp_path)
+    path = cfg.table_path("bronze", "events")
+    spark.read.format("delta").load(path).limit(1).write.format("delta").mode("append").save(path)
+    last = table_history(spark, path)[-1]
+    assert last.made_by == "outside the pipeline" and last.lineage is None
+    forget_names(spark)
+
+
 def test_lineage_is_plain_delta_user_metadata(spark, lake):
     """Any Delta reader sees it: DESCRIBE HISTORY's userMetadata column holds the JSON."""
     path = lake.cfg.table_path("gold", "device_sessions")

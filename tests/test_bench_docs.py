@@ -97,9 +97,7 @@ def fake_stream_phase(args, run_dir):
     return latency, {"span_s": 8 * 3600, "multiple": 10}, load_config(env=run.base_env(run_dir / "s"))
 
 
-@pytest.fixture
-def bench_run(tmp_path, monkeypatch):
-    """One whole `python -m bench.run -n 20000`, results and docs page under tmp_path."""
+def stand_in_for_the_outside(tmp_path, monkeypatch):
     ceiling = types.ModuleType("bench.ceiling")
     ceiling.measure = lambda spark, landing, events, profile: {
         "method": "text", "seconds": 0.92, "events_per_s": round(events / 0.92),
@@ -112,6 +110,12 @@ def bench_run(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "stream_phase", fake_stream_phase)
     monkeypatch.setattr(run, "OUT", tmp_path / "bench-results")
     monkeypatch.setattr(docs_page, "DOCS", tmp_path / "docs" / "benchmark.md")
+
+
+@pytest.fixture
+def bench_run(tmp_path, monkeypatch):
+    """One whole `python -m bench.run -n 20000`, results and docs page under tmp_path."""
+    stand_in_for_the_outside(tmp_path, monkeypatch)
     assert run.main(["-n", str(EVENTS)]) == 0
     [saved] = (tmp_path / "bench-results").glob("bench-*.json")
     return json.loads(saved.read_text()), saved, tmp_path / "docs" / "benchmark.md"
@@ -229,3 +233,26 @@ def test_the_machine_busy_share_comes_from_proc_stat_with_idle_and_iowait_not_bu
     assert busy_share(None, after) is None and busy_share(after, after) is None
     busy, total = cpu_ticks()            # this machine's own
     assert 0 <= busy <= total
+
+
+def test_only_takes_every_figure_the_help_lists():
+    letters = [line.split()[0] for line in run.__doc__.splitlines()
+               if len(line) > 4 and line[:2] == "  " and line[2].isalpha() and line[3:5] == "  "]
+    assert "".join(letters) == run.SECTIONS == "abcdefgh"
+    assert run.parse_args(["--only", ",".join(letters)]).sections == set(letters)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--only", "i"])
+
+
+def test_only_h_runs_the_two_runs_it_times(tmp_path, monkeypatch):
+    """(h) reads the batches of (b)'s run-all and of the streaming run: `--only h` runs both."""
+    stand_in_for_the_outside(tmp_path, monkeypatch)
+    assert run.main(["-n", str(EVENTS), "--only", "h"]) == 0
+    [saved] = (tmp_path / "bench-results").glob("bench-*.json")
+    record = json.loads(saved.read_text())
+    assert record["sections"] == ["h"]
+    assert set(record["empty_batches"]) == {"run_all", "stream"}
+    assert "ceiling" not in record and "baseline" not in record and "incremental" not in record
+    assert "latency" not in record and "state" not in record
+    (h,) = [r for r in summary.rows(record) if r[0].startswith("(h)")]
+    assert "gold 1.5 s (2), silver 0.4 s (1)" in h[1]

@@ -1,0 +1,28 @@
+"""What a driver JVM prints in normal output: its stderr reaches ours, less the one line the
+JDK prints because Spark's launcher adds the incubating vector module to every driver."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+from common.config import load_config
+from common.spark import build_spark, stop
+spark = build_spark(load_config(), "jvm-output")
+# The module is still added (the launcher's flag is untouched), only its warning is dropped.
+assert spark._jvm.java.lang.ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent()
+spark._jvm.java.lang.System.err.println("written by the JVM on its stderr")
+assert spark.range(3).count() == 3
+stop(spark)
+"""
+
+
+def test_a_session_prints_no_incubator_warning_and_passes_the_jvms_stderr(env):
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Using incubator modules" not in done.stderr
+    assert "written by the JVM on its stderr" in done.stderr
