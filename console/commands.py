@@ -25,7 +25,7 @@ TOOLS = {
     "dq-docs": ("tools.dq_docs", "Great Expectations Data Docs of the recorded gate results."),
     "audit": ("audit.__main__", "Audit every table: history, gold prefixes, accounting."),
     "diff": ("audit.diff", "Rows added and removed between two table versions."),
-    "changes": ("audit.changes", "A table's change data feed: inserts, updates, deletes by version."),
+    "changes": ("audit.changes", "A table's change feed: inserts, updates, deletes."),
     "restore": ("audit.restore", "Roll a table back to a version (asks first)."),
     "maintain": ("pipeline.maintenance", "Compact and VACUUM every table, trim the ops tables."),
     "chaos": ("chaos.__main__", "kill -9 the pipeline at random points, then audit."),

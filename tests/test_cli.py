@@ -24,8 +24,8 @@ from console.commands import lakehouse
 
 REPO = Path(__file__).resolve().parent.parent
 # What the console must offer: every tool the Makefile runs with `python -m ...`.
-COMMANDS = {"run", "generate", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "restore",
-            "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive"}
+COMMANDS = {"run", "generate", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "changes",
+            "restore", "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive"}
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S")
 
 
@@ -68,6 +68,7 @@ HELP_CASES = [
     (["run", "silver"], ["--trigger", "--interval"]),
     (["generate"], ["--events", "--seed", "--sink", "--manifest"]),
     (["seed-locations"], ["--csv"]),
+    (["changes"], ["--from", "--to", "--json"]),
     (["sql"], ["--limit", "-f FILE"]),
     (["status"], ["--json"]),
     (["report"], ["--out"]),
