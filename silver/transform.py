@@ -409,7 +409,7 @@ def to_silver(events: DataFrame, batch_id: int, profile: Profile,
 def bronze_key(prefix: str = "") -> Column:
     """A record's position in bronze as one string: (file, line) or (topic, partition, offset),
     from bronze's columns or, with prefix "bronze_", from the lineage a silver row carries."""
-    parts = ("source", "file_path", "line_number", "kafka_topic", "kafka_partition", "kafka_offset")
+    parts = [c for c in LINEAGE if c != "ingest_time"]      # the lineage, less when it arrived
     return F.concat_ws("|", *[F.col(prefix + p).cast("string") for p in parts])
 
 
