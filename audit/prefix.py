@@ -17,7 +17,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from audit.history import Version, read_version
-from gold import sessions as S
 from gold import transform as T
 from gold.tables import GoldTable
 
@@ -224,12 +223,6 @@ def on_time_events(silver_at_version: DataFrame, batches: list[Batch], watermark
     return rows if watermark is None else rows.where(~T.late(watermark.seconds))
 
 
-def expected_table(spec: GoldTable, cfg, events: DataFrame, watermark_ms: int) -> DataFrame:
-    if spec.windowed:
-        return T.with_finalized(spec.build(events, cfg), watermark_ms)
-    return S.replay_sessions(events, ARRIVAL, spec.session_spec(cfg), watermark_ms)
-
-
 # Versions compared per Spark job: one job for many versions instead of one each, while the
 # plan (a scan and a recompute per version) stays small enough to plan quickly.
 VERSIONS_PER_JOB = 12
@@ -335,7 +328,7 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
                     events = on_time_events(empty, [], cfg.gold.watermark)
                 else:
                     events = on_time_events(prefixes.at(batch.upstream), batches, cfg.gold.watermark)
-                expected_by_batch[k] = expected_table(spec, cfg, events, batch.watermark_ms if batch else 0)
+                expected_by_batch[k] = spec.expected(events, ARRIVAL, batch.watermark_ms if batch else 0)
             pairs.append((expected_by_batch[k], read_version(spark, path, v.version), check))
         compare_many(pairs)
     finally:

@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 from common.config import load_config
 from common.spark import build_spark
 from gold import transform as T
-from gold.job import LITERAL_TS, merge
+from gold.kinds import LITERAL_TS
+from gold.sinks import merge
 from gold.tables import for_config
 
 ZIPS = 1000
@@ -46,12 +47,11 @@ def fold(spark, cfg, spec, path: str, part, earliest: str, watermark_ms: int, bo
     current = DeltaTable.forPath(spark, path).toDF()
     if bounded:
         current = T.open_or_after(current, earliest)
-    rows = T.with_finalized(spec.combine(part, current, watermark_ms), watermark_ms).persist()
+    rows = T.with_finalized(T.combine(part, current, spec.keys, spec.measures, watermark_ms), watermark_ms).persist()
     first = rows.agg(F.count(F.lit(1)), F.date_format(F.min("window_start"), LITERAL_TS).alias("first")).first()["first"]
     folded = time.monotonic() - started
     started = time.monotonic()
-    merge(spark, cfg, path, spec, rows.drop(T.CLOSING), watermark_ms, None, close_behind=False,
-          window_from=first if bounded else None)
+    merge(spark, path, spec, rows.drop(T.CLOSING), watermark_ms, None, hint=first if bounded else None)
     merged = time.monotonic() - started
     rows.unpersist()
     return folded, merged

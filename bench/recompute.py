@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from audit.prefix import ARRIVAL, expected_table
+from audit.prefix import ARRIVAL
 from bronze.job import BINARY_FILE_SCHEMA
 from bronze.transform import lines_from_files
 from common.config import load_config
@@ -62,8 +62,8 @@ def recompute(spark, cfg, out: Path) -> dict:
     events = silver.dropDuplicates(["event_id"]).withColumn(ARRIVAL, F.lit(0)).persist()
     newest = events.agg(F.max("event_time")).first()[0]
     watermark_ms = int(newest.timestamp() * 1000 - cfg.gold.watermark.seconds * 1000) if newest else 0
-    for spec in gold_tables(profile):
-        write(expected_table(spec, cfg, events, watermark_ms), f"gold/{spec.table}")
+    for spec in gold_tables(cfg):
+        write(spec.expected(events, ARRIVAL, watermark_ms), f"gold/{spec.table}")
     events.unpersist()
     timings["gold_s"] = time.monotonic() - t
     return {k: round(v, 2) for k, v in timings.items()}

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import model_validator
 
 from common.spec import (NAME, Bool, Dotted, Measures, Name, Names, Pairs, Spec, Str, Text, invalid, load,
-                         one_of, read_yaml, spec)
+                         one_of, parsed, read_yaml, spec)
 
 from common.errors import JobError
 
@@ -157,6 +157,20 @@ class Sessions(Spec):
         return self
 
 
+def _table_entries(v):
+    """`tables:` entries: mappings naming a `kind` (a module of gold/kinds, which checks the
+    entry's other keys) and the `table`."""
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"expected a list, got {v!r}")
+    for i, entry in enumerate(v):
+        if not isinstance(entry, dict):
+            invalid(i, f"must be a mapping, got {entry!r}")
+        for k in ("kind", "table"):
+            if not NAME.match(str(entry.get(k) or "")):
+                invalid(i, k, "missing" if entry.get(k) is None else f"{entry[k]!r} is not a name")
+    return tuple(dict(e) for e in v)
+
+
 @spec
 class Profile(Spec):
     name: str
@@ -168,6 +182,7 @@ class Profile(Spec):
     dimension: Dimension | None = None
     aggregations: tuple[Aggregation, ...] = ()
     sessions: Sessions | None = None
+    tables: parsed(tuple[dict, ...], _table_entries) = ()   # gold tables of other kinds (gold/kinds)
     not_keys = ("name", "file")    # given by the loader, not the file
 
     @model_validator(mode="after")
@@ -184,13 +199,14 @@ class Profile(Spec):
             for col in cols:
                 if col not in columns:
                     invalid(*key, f"'{col}' is neither a field, a derived column nor a dimension column")
-        tables = [a.table for a in self.aggregations] + ([self.sessions.table] if self.sessions else [])
+        tables = list(self.gold_tables)
         dupes = sorted({t for t in tables if tables.count(t) > 1})
         if dupes:
             invalid("aggregations", f"gold table '{dupes[0]}' declared twice")
-        keys = [a.key for a in self.aggregations] + (["sessions"] if self.sessions else [])
+        keys = ([a.key for a in self.aggregations] + (["sessions"] if self.sessions else [])
+                + [t.get("key") or t["table"] for t in self.tables])
         if len(set(keys)) != len(keys):
-            invalid("aggregations", "two aggregations share a key")
+            invalid("aggregations", "two gold tables share a key")
         return self
 
     # The parse and source keys, as the layers read them.
@@ -214,7 +230,14 @@ class Profile(Spec):
 
     @property
     def gold_tables(self) -> tuple[str, ...]:
-        return tuple(a.table for a in self.aggregations) + ((self.sessions.table,) if self.sessions else ())
+        return (tuple(a.table for a in self.aggregations) + ((self.sessions.table,) if self.sessions else ())
+                + tuple(t["table"] for t in self.tables))
+
+    @property
+    def columns(self) -> set[str]:
+        """Columns of silver's events a gold table may group by: fields, derived, dimension."""
+        cols = {f.name for f in self.fields} | {k for k, _ in self.derived}
+        return cols | ({*self.dimension.columns, self.dimension.flag} if self.dimension else set())
 
 
 PROFILE_KEYS = tuple(f for f in Profile.__dataclass_fields__ if f not in Profile.not_keys)

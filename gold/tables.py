@@ -1,79 +1,38 @@
-"""The gold tables of a profile: name, MERGE keys and how each is built from on-time silver
-events. The profile declares them (aggregations: group columns, window, slide, measures;
-sessions: key and gap); this module turns each declaration into a builder.
+"""The gold tables of a profile, as instances of their kinds (gold/kinds), every setting
+resolved. The profile declares them: `aggregations:` (windowed tables), `sessions:` and, for any
+kind, `tables:` entries naming their `kind`.
 
 Shared by the streaming job and by the audit, which rebuilds every table version in batch
-with these same builders. One streaming query writes every table of a selection (`query_name`):
-it reads silver once per micro-batch."""
+with the kinds' own `expected`. One streaming query writes every table of a selection
+(`query_name`): it reads silver once per micro-batch."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 from common.config import ConfigError
-from common.profile import Aggregation, Profile, Sessions
-from gold import sessions as S
-from gold import transform as T
+from gold.kinds import Declaring, GoldTable, kind, known_kinds
 
 
-@dataclass(frozen=True)
-class GoldTable:
-    key: str                       # short name for --only
-    table: str                     # gold.<table>
-    keys: tuple[str, ...]          # MERGE keys
-    build: Callable                # (on-time silver events, cfg) -> DataFrame, streaming or batch
-    windowed: bool = True
-    sessions: Sessions | None = None   # the profile's sessions declaration (gap: duration or $config.key)
-    publish: tuple | None = None   # (key columns, value column) for gold.stats_to_kafka
-    measures: tuple = ()           # windowed: the profile's (name, aggregate expression) pairs
-
-    def combine(self, part, current, close_at_ms: int | None = None):
-        """Windowed: a micro-batch's part of each window it touched (`build` over the batch's
-        events), folded into the table's current rows: those windows' values after the batch;
-        with `close_at_ms`, and the rows that watermark closes (T.combine)."""
-        return T.combine(part, current, self.keys, self.measures, close_at_ms)
-
-    def session_spec(self, cfg) -> S.SessionSpec:
-        return _session_spec(self.sessions, cfg)
-
-    def behind_watermark(self, table, cfg, watermark_ms: int):
-        """Sessions: the table's rows the watermark has closed that still say open, closed.
-        (A windowed table's come out of `combine`, from the read of the table it makes anyway.)"""
-        return S.closing(table, self.session_spec(cfg), watermark_ms)
-
-
-def _session_spec(sessions: Sessions, cfg) -> S.SessionSpec:
-    return S.SessionSpec.of(sessions, cfg.duration(sessions.gap).seconds)
-
-
-def _aggregation(agg: Aggregation, profile: Profile) -> GoldTable:
-    for name, expression in agg.measures:
-        try:
-            T.combinable(name, expression)
-        except ValueError as e:
-            raise ConfigError(f"{profile.file}: aggregations.{agg.key}: {e}") from None
-
-    def build(events, cfg):
-        return T.windowed_aggregate(events, agg.group, cfg.duration(agg.window).spark(),
-                                    cfg.duration(agg.slide).spark() if agg.slide else None,
-                                    agg.measures)
-    publish = (agg.publish_key, agg.publish_value) if agg.publish_value else None
-    return GoldTable(agg.key, agg.table, ("window_start", *agg.group), build, publish=publish,
-                     measures=tuple(agg.measures))
-
-
-def gold_tables(profile: Profile) -> tuple[GoldTable, ...]:
-    tables = [_aggregation(a, profile) for a in profile.aggregations]
+def gold_tables(cfg) -> tuple[GoldTable, ...]:
+    profile = cfg.profile
+    columns = frozenset(profile.columns)
+    at = lambda *key: Declaring(f"{profile.file}: {'.'.join(map(str, key))}", cfg.duration, columns)  # noqa: E731
+    tables = [kind("windowed").declare(a, at("aggregations", a.key)) for a in profile.aggregations]
     if profile.sessions:
-        s = profile.sessions
-        tables.append(GoldTable("sessions", s.table, (s.key, "session_id"),
-                                lambda ev, cfg, s=s: S.sessionize(ev, _session_spec(s, cfg)),
-                                windowed=False, sessions=s))
+        tables.append(kind("sessions").declare(profile.sessions, at("sessions")))
+    for i, entry in enumerate(profile.tables):
+        try:
+            cls = kind(entry["kind"])
+        except KeyError:
+            raise ConfigError(f"{profile.file}: key 'tables.{i}.kind': unknown kind {entry['kind']!r} "
+                              f"(known: {', '.join(known_kinds())})") from None
+        tables.append(cls.declare(entry, at("tables", i)))
+    stateful = [t.table for t in tables if t.stateful]
+    if len(stateful) > 1:
+        raise ConfigError(f"{profile.file}: one gold query keeps the state of one stateful table, "
+                          f"and {', '.join(stateful)} are")
     return tuple(tables)
 
 
-def for_config(cfg) -> tuple[GoldTable, ...]:
-    return gold_tables(cfg.profile)
+for_config = gold_tables
 
 
 def by_table(cfg) -> dict[str, GoldTable]:

@@ -38,7 +38,7 @@ def windowed_aggregate(events: DataFrame, group, window: str, slide: str | None,
     Over a micro-batch's events this is the batch's part of each window it touched, which
     `combine` folds into the table's row; over all events, the table itself."""
     w = F.window("event_time", window, slide) if slide else F.window("event_time", window)
-    parts = [(name, expression) for m in measures for name, expression in combinable(*m).parts]
+    parts = [(name, expression) for m in as_measures(measures) for name, expression in m.parts]
     return (events.groupBy(w.alias("w"), *group)
             .agg(*[F.expr(expression).alias(name) for name, expression in parts])
             .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
@@ -128,6 +128,12 @@ def combinable(name: str, expression: str) -> Measure:
     return Measure(name, expression, kind, args)
 
 
+def as_measures(measures) -> list:
+    """Measure objects (anything with `parts` and `combined`, e.g. a kind's own), or
+    (name, expression) pairs of a profile, checked by `combinable`."""
+    return [m if hasattr(m, "combined") else combinable(*m) for m in measures]
+
+
 CLOSING = "_closing"      # combine's flag on a table row it returns only for the watermark
 
 
@@ -141,9 +147,10 @@ def combine(part: DataFrame, current: DataFrame, keys, measures, close_at_ms: in
     a batch that moves the watermark closes windows it brought no event to, and reading the
     table again for them (in the MERGE's source) cost a second scan of it per batch."""
     cond = [F.col(f"t.`{k}`").eqNullSafe(F.col(f"s.`{k}`")) for k in keys]
-    stored = {col for m in measures for col, _ in combinable(*m).parts}
+    measures = as_measures(measures)
+    stored = {col for m in measures for col, _ in m.parts}
     rest = [c for c in part.columns if c not in keys and c not in stored]
-    folded = [c for m in measures for c in combinable(*m).combined("t", "s")]
+    folded = [c for m in measures for c in m.combined("t", "s")]
     if close_at_ms is None:
         joined = part.alias("s").join(current.alias("t"), cond, "left")
         in_batch, closing = F.lit(True), F.lit(False)

@@ -9,6 +9,7 @@ plain batch computation over the silver table.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -30,7 +31,8 @@ from common.lineage import batch_watermark_ms, parse, read_nothing
 from common.errors import JobError
 from common.spark import NO_DATA_BATCHES
 from gold import sessions as S
-from gold.job import EVENT, GoldBatch, start
+from gold.job import GoldBatch, start
+from gold.kinds import EVENT
 from gold.tables import gold_tables
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -40,7 +42,7 @@ HOUR = 60 * MIN
 GAP_MS = 30 * MIN                  # conf: gold.windows.session_gap
 WATERMARK_MS = HOUR                # conf: gold.watermark
 NEST = load_config(env={}).profile   # these tests are about the default (nest) feed
-TABLES = gold_tables(NEST)
+TABLES = gold_tables(load_config(env={}))
 SPEC = {t.key: t for t in TABLES}
 GOLD = "gold"                      # the one query that writes every gold table
 ONLY = {"sessions": "gold_sessions", "sightings": "gold_sightings"}   # --only selections' queries
@@ -49,7 +51,7 @@ SESSION_COLS = ["device_id", "session_start", "session_end", "events", "person_e
 
 def nest_sessions(gap_ms: int = GAP_MS) -> S.SessionSpec:
     """The nest profile's session declaration with the given gap."""
-    return S.SessionSpec.of(SPEC["sessions"].sessions, gap_ms / 1000)
+    return dataclasses.replace(SPEC["sessions"].spec, gap_seconds=gap_ms / 1000)
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -162,10 +164,11 @@ def silver(spark, cfg):
 
 
 def bag(df, cols) -> Counter:
-    """Rows as a multiset, timestamps as epoch ms (no time-zone conversion on collect)."""
+    """Rows as a multiset, timestamps as epoch ms (no time-zone conversion on collect), arrays
+    as tuples."""
     sel = [F.unix_millis(c).alias(c) if isinstance(df.schema[c].dataType, TimestampType) else F.col(c)
            for c in cols]
-    return Counter(tuple(r) for r in df.select(*sel).collect())
+    return Counter(tuple(tuple(v) if isinstance(v, list) else v for v in r) for r in df.select(*sel).collect())
 
 
 def assert_same_bag(actual: Counter, expected: Counter, what: str) -> None:
@@ -377,6 +380,42 @@ def test_windowed_aggregates_match_a_spark_group_by(spark, windowed):
                     "device activity")
 
 
+def test_distinct_devices_per_zip_per_day_equal_a_spark_count_distinct(spark, windowed):
+    """The distinct kind (gold/kinds/distinct.py, nest's gold.zip_daily_devices) keeps each
+    window's set of devices, so folding the second batch into the first batch's rows stays an
+    exact distinct count: equal to count(DISTINCT) over every on-time event."""
+    cfg, _, _ = windowed
+    late_ids = [e["event_id"] for e in LATE]
+    events = silver(spark, cfg).where(~F.col("event_id").isin(late_ids))
+    daily = (events.groupBy(F.date_trunc("day", "event_time").alias("window_start"), "zip_code", "unknown_device")
+             .agg(F.count_distinct("device_id").alias("devices"),
+                  F.array_sort(F.collect_set("device_id")).alias("device_id_set")))
+    cols = ["window_start", "zip_code", "unknown_device", "devices", "device_id_set"]
+    table = read(spark, cfg, "gold", "zip_daily_devices")
+    assert_same_bag(bag(table, cols), bag(daily, cols), "distinct devices per zip per day")
+    assert_one_row_per_key(table, SPEC["devices"].keys)
+
+
+def test_a_distinct_count_folds_batch_by_batch_to_the_count_over_all_events(spark):
+    """Folding a batch's sets into the table's rows (its own and its new windows, a NULL zip
+    code, devices already counted) gives the table built from all the events at once."""
+    from gold import transform as T
+
+    spec = SPEC["devices"]
+    rows = [("a1", "94105", False, 0), ("a2", "94105", False, 1), ("u1", None, True, 2),
+            ("a1", "94105", False, 3), ("a3", "94105", False, 4), ("b1", "10001", False, 5),
+            ("u2", None, True, 6), ("a1", "94105", False, 30)]       # hours since T0
+    df = spark.createDataFrame([(d, z, u, T0 + timedelta(hours=h)) for d, z, u, h in rows],
+                               "device_id STRING, zip_code STRING, unknown_device BOOLEAN, event_time TIMESTAMP")
+    first, second = df.where(F.hour("event_time") < 2), df.where(F.hour("event_time") >= 2)
+    cols = ["window_start", "zip_code", "unknown_device", "device_id_set", "devices"]
+    # (Every window of the first batch is touched again by the second, here.)
+    folded = T.combine(spec.build(second), spec.build(first), spec.keys, spec.measures)
+    whole = spec.build(df)
+    assert bag(folded, cols) == bag(whole, cols)
+    assert sorted(r.devices for r in whole.collect()) == [1, 1, 2, 3]
+
+
 def test_late_events_are_dropped_and_accounted(spark, windowed):
     cfg, batches, runs = windowed
     late_ids = {e["event_id"] for e in LATE}
@@ -477,7 +516,7 @@ def gold_input(spark, cfg, events):
     (the windowed tables' input; no session rows)."""
     from gold.job import event_columns
 
-    return events.select(F.struct(*event_columns(cfg, TABLES, events.columns)).alias(EVENT))
+    return events.select(F.struct(*event_columns(TABLES, events.columns)).alias(EVENT))
 
 
 def batch_events(spark, cfg, append: int):
@@ -576,11 +615,30 @@ def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_
         assert Path(copy.table_path("silver", "camera_events")).exists()
         run_gold(spark, copy)
         for spec in TABLES:
-            if spec.windowed:      # sessions' ids follow how batches were cut: one batch now
+            if not spec.stateful:      # sessions' ids follow how batches were cut: one batch now
                 values = lambda c: bag(read(spark, c, "gold", spec.table),   # noqa: E731
                                        [col for col in read(spark, c, "gold", spec.table).columns
                                         if col != "finalized"])     # one batch: watermark 0
                 assert values(copy) == values(cfg), spec.table
+    finally:
+        drop_names(spark)
+
+
+def test_a_table_new_to_a_running_checkpoint_is_refused_not_started_without_history(spark, windowed, tmp_path):
+    """A table added to the profile after gold has run would begin at silver's current offset
+    and miss every earlier event: gold refuses to start, naming the table and the rebuild."""
+    import shutil
+
+    cfg, _, _ = windowed
+    copy = copy_lakehouse(cfg, tmp_path)
+    shutil.rmtree(copy.table_path("gold", "zip_daily_devices"))     # as before the profile had it
+    try:
+        with pytest.raises(JobError) as new:
+            start(spark, copy)
+        message = str(new.value)
+        assert "gold.zip_daily_devices is new" in message and "miss every earlier event" in message
+        assert "make reset-gold" in message
+        assert not Path(copy.table_path("gold", "zip_daily_devices")).exists()
     finally:
         drop_names(spark)
 
@@ -665,7 +723,8 @@ def test_a_windowed_merge_skips_the_files_of_windows_the_batch_did_not_change(sp
     changes (implied by the keys): Delta skips the files of older windows by their stats in the
     log and never opens them. Here the file of the final past is deleted from under the table:
     the bounded MERGE does not notice, the unbounded one reads it and fails."""
-    from gold.job import LITERAL_TS, merge
+    from gold.kinds import LITERAL_TS
+    from gold.sinks import merge
 
     spec = SPEC["sightings"]
 
@@ -686,13 +745,13 @@ def test_a_windowed_merge_skips_the_files_of_windows_the_batch_did_not_change(sp
     updates = rows([6, 7], 3, False)
     first = updates.select(F.date_format(F.min("window_start"), LITERAL_TS)).first()[0]
     bounded = table_with_its_past_deleted("bounded")
-    merge(spark, cfg, bounded, spec, updates, 0, None, close_behind=False, window_from=first)
+    merge(spark, bounded, spec, updates, 0, None, hint=first)
     now = (spark.read.format("delta").load(bounded).where(f"window_start >= TIMESTAMP '2026-11-01 05:00:00'")
            .select(F.hour("window_start").alias("h"), "sightings").collect())
     assert sorted(map(tuple, now)) == [(5, 2), (6, 3), (7, 3)]
     unbounded = table_with_its_past_deleted("unbounded")
     with pytest.raises(Exception) as failed:
-        merge(spark, cfg, unbounded, spec, updates, 0, None, close_behind=False)
+        merge(spark, unbounded, spec, updates, 0, None)
     assert "parquet" in str(failed.value) and ("not exist" in str(failed.value) or "FileNotFound" in str(failed.value))
 
 
@@ -712,7 +771,7 @@ def test_measures_that_cannot_be_folded_are_refused(tmp_path):
     profile.write_text(text.replace("events: count(1)\n    publish", "events: avg(1)\n    publish"))
     cfg = load_config(env={"PROFILE": "avg", "PROFILES_DIR": str(profile.parent), "LAKEHOUSE_ROOT": str(tmp_path)})
     with pytest.raises(ConfigError) as err:
-        gold_tables(cfg.profile)
+        gold_tables(cfg)
     assert "aggregations.sightings" in str(err.value) and "avg(1)" in str(err.value)
 
 

@@ -295,7 +295,7 @@ def test_a_profile_written_in_a_test_folder_runs_with_no_code_change(spark, tmp_
                     "events", "hot_readings", "status") == [
             ("a", 1, 1, "north", 1, 0, "open"), ("a", 7, 7, "north", 1, 1, "open"),
             ("b", 2, 2, "south", 1, 1, "open")]
-        spec = by_table(cfg)["sensor_sessions"].session_spec(cfg)
+        spec = by_table(cfg)["sensor_sessions"].spec
         cols = ("sensor", "session_start", "session_end", "events", "hot_readings")
         assert rows(sessions, *cols) == rows(S.batch_sessions(silver, spec), *cols)
     finally:

@@ -1,0 +1,74 @@
+"""Per-key sessions (a profile's `sessions:`), kept open in the gold query's state store by
+arbitrary stateful processing (gold.sessions) and closed when the watermark passes their last
+event + gap. The table holds every session; a session absorbed by another is deleted."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+
+from common.profile import Sessions
+from gold import sessions as S
+from gold.kinds import SESSION, Declaring, GoldTable, identifiers, register
+
+LIVE = "status <> 'merged'"      # `merged` notices are deletions, not rows
+
+
+@register
+@dataclass(frozen=True)
+class SessionTable(GoldTable):
+    kind = "sessions"
+    stateful = True
+
+    key: str
+    table: str
+    spec: S.SessionSpec
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.spec.key, "session_id")
+
+    @classmethod
+    def declare(cls, entry, at: Declaring) -> "SessionTable":
+        sessions = at.entry(Sessions, entry)
+        for c in (sessions.key, *sessions.latest):
+            at.column("key" if c == sessions.key else "latest", c)
+        return cls("sessions", sessions.table, S.SessionSpec.of(sessions, at.duration(sessions.gap).seconds))
+
+    def reads(self) -> set[str]:
+        return {self.spec.key, *self.spec.latest, *identifiers(e for _, e in self.spec.measures)}
+
+    def output_schema(self, spark, silver_schema):
+        return spark.createDataFrame([], self.spec.output_schema(silver_schema)).schema
+
+    def stream(self, events, *carried):
+        return S.sessionize(events, self.spec, *carried)
+
+    def updates(self, batch, current, watermark_ms, earliest):
+        return batch.where(F.col(SESSION).isNotNull()).select(f"{SESSION}.*")
+
+    def sizes(self, rows):
+        r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE)).alias("live")).first()
+        return r["n"], r["live"], None
+
+    def live(self, rows):
+        return rows.where(LIVE)
+
+    def merge(self, target: DeltaTable, rows, watermark_ms, hint, stale_behind):
+        cond, source = self.condition(), rows
+        if stale_behind:
+            # Sessions no batch carries still close as the watermark moves, including what
+            # watermark-only batches left: they write nothing. They go into the source rather
+            # than a NOT MATCHED BY SOURCE clause, which would make the MERGE join (and
+            # rewrite) the whole table every batch: this way it rewrites only the files holding
+            # a changed row, and finding the rows to close skips files by their stats.
+            closing = (S.closing(target.toDF(), self.spec, watermark_ms).alias("t")
+                       .join(rows.alias("s"), F.expr(cond), "left_anti"))
+            source = rows.unionByName(closing)
+        (target.alias("t").merge(source.alias("s"), cond)
+         .whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
+         .whenNotMatchedInsertAll(condition="s.status <> 'merged'").execute())
+
+    def expected(self, events, arrival, watermark_ms):
+        return S.replay_sessions(events, arrival, self.spec, watermark_ms)

@@ -1,0 +1,48 @@
+"""Which streaming query may write a gold table, and when a table cannot join one.
+
+A window's row is the sum of every batch its query folded in, so a table has one writer: the
+checkpoint whose batches built it. Another query (a deleted checkpoint, another --only
+selection) would read silver from its start and count every event again; rows changed by hand
+since the query's last batch (a RESTORE) no longer hold what it folded in; and a table added
+to the profile after the query has run would begin at silver's current position and silently
+miss its history."""
+from __future__ import annotations
+
+from common.errors import JobError
+from common.delta import last_lineage
+from common.lineage import checkpoint_query_id, last_logged_batch
+from common.storage import is_delta_table, location
+
+
+def check_owner(spark, cfg, query: str, tables) -> None:
+    """Refuse to start a query whose batches would make a table's rows wrong (see above)."""
+    checkpoint = cfg.checkpoint(query)
+    mine = checkpoint_query_id(checkpoint) if (location(checkpoint) / "metadata").exists() else None
+    rebuild = ("Rebuild gold from silver: `make reset-gold` drops the gold tables and checkpoints, "
+               "then run gold again.")
+    folded = last_logged_batch(checkpoint) if mine is not None else -1
+    for spec in tables:
+        path = cfg.table_path("gold", spec.table)
+        if not is_delta_table(path):
+            if folded >= 0:
+                raise JobError(
+                    f"gold.{spec.table} is new (profile {cfg.profile.name}), but {query} has already "
+                    f"folded silver into the other gold tables up to batch {folded} ({checkpoint}): "
+                    f"joining the stream now, gold.{spec.table} would start at silver's current "
+                    f"position and miss every earlier event. Build every table of the selection "
+                    f"from the start of silver: {rebuild}")
+            continue
+        writer, outside = last_lineage(spark, path)
+        if writer is not None and writer.get("query_id") != mine:
+            raise JobError(
+                f"gold.{spec.table} was written by query {writer.get('query')} (checkpoint id "
+                f"{writer.get('query_id')}), not by {query} ({checkpoint}"
+                f"{', which does not exist yet' if mine is None else ''}): its rows are the sum "
+                f"of the batches that query folded in, and another one would count silver's "
+                f"events again. Run the selection that wrote it (`--only`), or: {rebuild}")
+        if writer is not None and outside:
+            version, operation = outside[-1]
+            raise JobError(
+                f"gold.{spec.table} was changed outside the pipeline ({operation} at version "
+                f"{version}) after the last batch of {query}: its rows no longer hold what the "
+                f"query folded in, and the next batches would build on them. {rebuild}")
