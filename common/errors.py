@@ -3,7 +3,8 @@
 Every error this project raises on purpose is a `LakehouseError`; its `exit_code` is what a
 command exits with when it ends on it (2: the user can fix it, 1: a run failed). The errors of a
 micro-batch cross Spark's foreachBatch boundary as text only (Spark rebuilds them as a
-StreamingQueryException), so the batch keeps the typed one here, by query, for the runner.
+StreamingQueryException), so the batch's body keeps the typed one (`KeptFailure`) for the
+runner that started its query.
 
 Spark's own failures are read through their error conditions (`getCondition()`) and the JVM
 exception classes behind them, never by searching the text of a stack trace.
@@ -60,26 +61,29 @@ class QueryFailed(LakehouseError):
 
 # --- a batch's typed error, kept for the runner ---------------------------------------------
 
-_FAILED: dict[str, LakehouseError] = {}
-_FAILED_LOCK = threading.Lock()
+class KeptFailure:
+    """The typed error a foreachBatch body raised, kept on the body itself (one per start of a
+    query) for the runner that started it: Spark fails the query with only the error's text.
+    Thread-safe: the batch's thread sets it, the runner's thread reads it."""
 
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._error: LakehouseError | None = None
 
-@contextlib.contextmanager
-def kept_for_runner(query: str):
-    """Around a foreachBatch body: a typed error it raises is kept for the runner, then raised
-    on to Spark (which fails the query with only its text)."""
-    try:
-        yield
-    except LakehouseError as e:
-        with _FAILED_LOCK:
-            _FAILED[query] = e              # the last one wins
-        raise
+    @contextlib.contextmanager
+    def keep(self):
+        """Around a batch's work: a typed error it raises is kept, then raised on to Spark."""
+        try:
+            yield
+        except LakehouseError as e:
+            with self._lock:
+                self._error = e             # the last one wins
+            raise
 
-
-def take_failure(query: str, peek: bool = False) -> LakehouseError | None:
-    """The typed error a batch of `query` raised, if any (removed unless peek)."""
-    with _FAILED_LOCK:
-        return _FAILED.get(query) if peek else _FAILED.pop(query, None)
+    @property
+    def error(self) -> LakehouseError | None:
+        with self._lock:
+            return self._error
 
 
 # --- Spark's failures ------------------------------------------------------------------------
