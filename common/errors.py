@@ -102,10 +102,9 @@ def spark_condition(error: BaseException) -> str | None:
 
 def jvm_chain(error: BaseException, limit: int = 32) -> list:
     """The JVM throwables behind a Spark error, outermost first, causes and suppressed ones."""
-    origin = getattr(error, "_origin", None)
-    while origin is None and getattr(error, "_cause", None) is not None:
-        error = error._cause            # PySpark kept only the text of this one; its cause may have more
-        origin = getattr(error, "_origin", None)
+    from common.internals import jvm_throwable
+
+    origin = jvm_throwable(error)
     if origin is None:
         return []
     chain, todo, seen = [], [origin], set()
@@ -125,12 +124,10 @@ def jvm_chain(error: BaseException, limit: int = 32) -> list:
 def caused_by(error: BaseException, java_class: str, raised_in: str | None = None) -> bool:
     """Whether a JVM exception of `java_class` (or a subclass) is behind `error`; with
     `raised_in`, only one thrown by code of that package or class."""
-    from py4j.java_gateway import is_instance_of
-    from pyspark import SparkContext
+    from common.internals import is_jvm_instance
 
-    gateway = SparkContext._gateway
     for t in jvm_chain(error):
-        if not is_instance_of(gateway, t, java_class):
+        if not is_jvm_instance(t, java_class):
             continue
         if raised_in is None or any(f.getClassName().startswith(raised_in) for f in t.getStackTrace()):
             return True
@@ -147,7 +144,9 @@ def describe(error: BaseException) -> str:
     from pyspark.errors import PySparkException
 
     if isinstance(error, PySparkException):
-        text = getattr(error, "_desc", None) or str(error)
+        from common.internals import spark_error_message
+
+        text = spark_error_message(error)
         text = text.split("\n\tat ")[0].split("\n\nJVM stacktrace:")[0].rstrip()
         condition = spark_condition(error)
         return text if not condition or condition in text else f"[{condition}] {text}"

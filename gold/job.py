@@ -32,11 +32,12 @@ from common import accounting
 from common.config import ConfigError
 from common.delta import (TXN, appended, change_feed, commit_metadata, ensure_table, idempotent_append, last_lineage, live_files,
                           retry_on_conflict)
-from common.lineage import checkpoint_query_id, read_nothing
+from common.internals import checkpoint_id
+from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.quality import QualityGate, check_tables, load_suites
 from common.schemas import DQ_RESULTS
-from common.storage import is_delta_table, location
+from common.storage import is_delta_table
 from common.errors import JobError
 from common.streaming import trigger
 from common.flow import Flow, Layer, Started
@@ -316,7 +317,7 @@ def check_owner(spark, cfg, query: str, tables) -> None:
     and count every event again, and rows changed by hand since the query's last batch (a
     RESTORE) no longer hold what it folded in."""
     checkpoint = cfg.checkpoint(query)
-    mine = checkpoint_query_id(checkpoint) if (location(checkpoint) / "metadata").exists() else None
+    mine = checkpoint_id(checkpoint)          # None: no query has started on it yet
     rebuild = ("Rebuild gold from silver: `make reset-gold` drops the gold tables and checkpoints, "
                "then run gold again.")
     for spec in tables:
