@@ -17,7 +17,6 @@ import json
 import sys
 import time
 
-from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 
 from audit import books as B
@@ -27,6 +26,7 @@ from audit.report import render
 from audit.tables import TableError, existing, resolve, spark_session
 from common.batch import together
 from common.errors import command
+from common.internals import java_errors
 from common.config import load_config
 
 def run_audit(spark, cfg, only: str | None = None) -> dict:
@@ -70,7 +70,7 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
         mine = [v for v in recorded if v.lineage and v.lineage["query"] in writers]
         try:
             checks = P.check_table(spark, cfg, spec, paths[name], histories[name], silver_path, mine, too_old)
-        except (PySparkException, Py4JJavaError) as e:
+        except (PySparkException, *java_errors()) as e:
             if not any(c.startswith("FAILED_READ_FILE.FILE_NOT_EXIST") for c in _conditions(e)):
                 raise
             entry["error"] = (f"a version younger than the audit horizon ({cfg.maintenance.audit_horizon}) "

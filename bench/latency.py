@@ -42,14 +42,11 @@ def delta_commits(table_path: str) -> list[dict]:
 
 def file_batches(checkpoint: str) -> dict[str, int]:
     """File name -> the file source batch that read it (plain and .compact log files)."""
+    from common.internals import file_source_log
+
     out: dict[str, int] = {}
-    for f in (Path(checkpoint) / "sources" / "0").glob("*"):
-        if f.name.startswith("."):
-            continue
-        for line in f.read_text().splitlines():
-            if line.startswith("{"):
-                entry = json.loads(line)
-                out.setdefault(entry["path"].rsplit("/", 1)[-1], int(entry["batchId"]))
+    for entry in file_source_log(checkpoint):
+        out.setdefault(entry["path"].rsplit("/", 1)[-1], int(entry["batchId"]))
     return out
 
 

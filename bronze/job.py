@@ -14,7 +14,7 @@ from common.accounting import executed_batches
 from common.batch import QueryBody
 from common.delta import ensure_table, idempotent_append
 from common.errors import JobError, caused_by
-from common.flow import Flow, Layer, Recovery
+from common.flow import Flow, Layer, Recovery, Started
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.streaming import trigger
 
@@ -88,7 +88,7 @@ def start(spark, cfg, source: str):
     """Check the source, create the table and start the query (the runner does the first two once)."""
     preflight(cfg, source)
     prepare(spark, cfg)
-    return start_query(spark, cfg, source)
+    return start_query(spark, cfg, source).query
 
 
 class BronzeAppend(QueryBody):
@@ -116,10 +116,11 @@ class BronzeAppend(QueryBody):
 def start_query(spark, cfg, source: str):
     rows = file_stream(spark, cfg) if source == "files" else kafka_stream(spark, cfg)
     name = QUERY_NAME[source]
-    return (rows.writeStream.foreachBatch(BronzeAppend(cfg, name)).queryName(name)
-            .option("checkpointLocation", cfg.checkpoint(name))
-            .trigger(**trigger(cfg, "bronze"))
-            .start())
+    body = BronzeAppend(cfg, name)
+    return Started(rows.writeStream.foreachBatch(body).queryName(name)
+                   .option("checkpointLocation", cfg.checkpoint(name))
+                   .trigger(**trigger(cfg, "bronze"))
+                   .start(), body)
 
 
 def _kafka_replay_metrics_npe(error: StreamingQueryException) -> bool:
@@ -173,9 +174,9 @@ class KafkaRecovery(Recovery):
                 return None
         else:
             raise error
-        query = start_query(spark, cfg, "kafka")
+        started = start_query(spark, cfg, "kafka")
         log.info("bronze: Kafka query restarted from its checkpoint")
-        return query
+        return started
 
 
 def _wait_for_broker(cfg, stop: threading.Event, give_up_at: float,

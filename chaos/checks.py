@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pyspark.sql import functions as F
 
 from common.raw_bytes import as_binary
-from common.storage import location
 
 
 @dataclass
@@ -125,6 +124,7 @@ def _check_booked(out: Checks, read, cfg) -> None:
     # A batch committed to its checkpoint is never run again, so its ops.batch_accounting row
     # (written inside the batch, before the commit) must exist, or its drop counts are lost.
     # A no-data batch (watermark only) read no row, so it dropped none and may have no row.
+    from common.internals import committed_batches
     from common.lineage import read_nothing
     from gold.tables import for_config, query_name
 
@@ -133,8 +133,7 @@ def _check_booked(out: Checks, read, cfg) -> None:
         booked.setdefault(r.query, set()).add(r.batch_id)
     unbooked = {}
     for query in ["silver", query_name(cfg, for_config(cfg))]:
-        commits = location(cfg.checkpoint(query)) / "commits"
-        done = {int(f.name) for f in commits.iterdir() if f.name.isdigit()} if commits.is_dir() else set()
+        done = set(committed_batches(cfg.checkpoint(query)))
         done = {b for b in done if not read_nothing(cfg.checkpoint(query), b)}
         if done - booked.get(query, set()):
             unbooked[query] = sorted(done - booked.get(query, set()))

@@ -19,10 +19,9 @@ from datetime import datetime, timezone
 from common.errors import LakehouseError
 from common.config import Config
 from common.delta import ensure_table, idempotent_append, local_frame
+from common.internals import running_execution
 from common.lineage import checkpoint_query_id
 from common.schemas import BATCH_ACCOUNTING
-
-_STATE_WRITER = "org.apache.spark.sql.execution.streaming.operators.stateful.StateStoreWriter"
 
 
 class AccountingError(LakehouseError, RuntimeError):
@@ -62,24 +61,13 @@ def running_batch(spark, query_name: str, batch_id: int) -> dict:
     found = [q for q in spark.streams.active if q.name == query_name]
     if len(found) != 1:
         raise AccountingError(f"{len(found)} active queries named {query_name!r}, expected 1")
-    context = found[0]._jsq.streamingQuery().getLatestExecutionContext()
-    if context.batchId() != batch_id:
-        raise AccountingError(f"{query_name}: execution context is batch {context.batchId()}, "
+    execution = running_execution(spark, found[0])
+    if execution.batch_id != batch_id:
+        raise AccountingError(f"{query_name}: execution context is batch {execution.batch_id}, "
                               f"foreachBatch got {batch_id}")
-    execution = context.executionPlan()
-    writer = spark._jvm.java.lang.Class.forName(_STATE_WRITER)
-    operators, pending = [], [execution.executedPlan()]
-    while pending:
-        node = pending.pop()
-        if writer.isInstance(node):
-            operators.append(json.loads(node.getProgress().json()))
-        children = node.children()
-        pending.extend(children.apply(i) for i in range(children.size()))
-    metrics = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(execution.observedMetrics())
-    seen = {name: json.loads(metrics.get(name).json()) for name in metrics.keySet()}
-    elapsed = int(time.time() * 1000) - int(context.currentTriggerStartTimestamp())
-    return {"name": query_name, "batchId": batch_id, "stateOperators": operators,
-            "observedMetrics": seen, "durationMs": {"triggerExecution": elapsed}}
+    elapsed = int(time.time() * 1000) - execution.trigger_start_ms
+    return {"name": query_name, "batchId": batch_id, "stateOperators": execution.state_operators,
+            "observedMetrics": execution.observed, "durationMs": {"triggerExecution": elapsed}}
 
 
 class Accounting:

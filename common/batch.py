@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import kept_for_runner
+from common.errors import KeptFailure
 from common.lineage import batch_lineage, checkpoint_query_id, last_logged_batch, read_nothing
 from common.quality import check
 
@@ -33,7 +33,8 @@ class BatchContext:
 
 class QueryBody:
     """What every foreachBatch body knows of its query: the checkpoint, whose id prefixes the key
-    of each of its appends, and which batches are replays. Build it before the query starts."""
+    of each of its appends, and which batches are replays, and keeps the typed error a batch
+    raised (`failure`) for the runner that started the query. Build it before the query starts."""
 
     layer = ""
 
@@ -41,6 +42,7 @@ class QueryBody:
         self.cfg, self.query = cfg, query
         self.checkpoint = cfg.checkpoint(query)
         self._query_id = None
+        self.failure = KeptFailure()        # this start of the query's: a restart builds a new body
         # Batches up to this one were planned by an earlier run (read before the query logs any
         # offset): only those can find their own writes already there.
         self.replays_through = last_logged_batch(self.checkpoint)
@@ -77,7 +79,7 @@ class MicroBatch(QueryBody):
         self.in_pool(self.spark)
         lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
         ctx = BatchContext(batch_id, self.app_id, lineage, self.replay(batch_id))
-        with kept_for_runner(self.query):
+        with self.failure.keep():
             committed = self.write(df, ctx)
         if not isinstance(committed, Committed):
             raise RuntimeError(f"{type(self).__name__}.write returned without commit() for batch {batch_id}")

@@ -9,6 +9,8 @@ from delta.tables import DeltaTable
 
 from common.catalog import register_table
 from common.config import Config
+from common.internals import (api_moved, delta_column_names, delta_file_count, delta_properties,
+                              delta_version)
 from common.lineage import USER_METADATA_CONF, to_user_metadata
 from common.raw_bytes import migrate as migrate_raw_bytes
 from common.storage import remove_uncommitted_log
@@ -40,54 +42,29 @@ def _interval(duration) -> str:
     return f"interval {int(duration.seconds)} seconds"
 
 
-def _snapshot(spark, path: str):
-    """The table's latest snapshot through Delta's JVM API (cached per path; an internal API,
-    so callers fall back to a job when a Delta upgrade moves it)."""
-    jvm = spark._jvm
-    return (jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-            .update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()))
-
-
 def table_properties(spark, path: str) -> dict[str, str]:
     """The table's properties from its cached snapshot: DESCRIBE DETAIL or SHOW TBLPROPERTIES
     run a job (about 2 s each, on every start, for every table)."""
-    from py4j.protocol import Py4JError
-
     try:
-        conf = _snapshot(spark, path).metadata().configuration()
-    except Py4JError:     # an internal API: if a Delta upgrade moves it, pay for the job
+        return delta_properties(spark, path)
+    except api_moved():     # an internal API: if a Delta upgrade moves it, pay for the job
         return dict(DeltaTable.forPath(spark, path).detail().first()["properties"] or {})
-    it = conf.iterator()
-    out = {}
-    while it.hasNext():
-        pair = it.next()
-        out[pair._1()] = pair._2()
-    return out
 
 
 def table_version(spark, path: str) -> int:
     """The table's latest version, from its cached snapshot (DESCRIBE HISTORY runs a job: about
     0.3 s, on every silver batch that pins its dimension)."""
-    from py4j.protocol import Py4JError
-
     try:
-        return int(_snapshot(spark, path).version())
-    except Py4JError:
+        return delta_version(spark, path)
+    except api_moved():
         return DeltaTable.forPath(spark, path).history(1).first().version
 
 
 def live_files(spark, path: str) -> int:
     """How many files the table's latest snapshot holds, from the cached snapshot (no job)."""
-    from py4j.protocol import Py4JError
-
     try:
-        snapshot = _snapshot(spark, path)
-        # From the version's checksum file, which Delta writes with every commit: numOfFiles
-        # (and numOfFilesIfKnown too, in Delta 4.4) rebuild the table's state, three Spark
-        # jobs, for every new version.
-        checksum = snapshot.checksumOpt()
-        return int(checksum.get().numFiles() if checksum.isDefined() else snapshot.numOfFiles())
-    except Py4JError:
+        return delta_file_count(spark, path)
+    except api_moved():
         return int(DeltaTable.forPath(spark, path).detail().first()["numFiles"])
 
 
@@ -108,11 +85,9 @@ def add_missing_columns(spark, path: str, schema) -> list[str]:
     code); returns their names. Like align_properties, a metadata commit made at start-up by the
     process that holds the table's writers, once per new column: appends need no mergeSchema,
     so no batch ever pays for a schema change or races another writer's append with one."""
-    from py4j.protocol import Py4JError
-
     try:
-        have = list(_snapshot(spark, path).schema().fieldNames())
-    except Py4JError:     # an internal API: if a Delta upgrade moves it, read the schema
+        have = delta_column_names(spark, path)
+    except api_moved():     # an internal API: if a Delta upgrade moves it, read the schema
         have = DeltaTable.forPath(spark, path).toDF().columns
     have = {name.lower() for name in have}          # Delta column names are case-insensitive
     missing = [f for f in schema.fields if f.name.lower() not in have]

@@ -3,7 +3,8 @@
 Every error this project raises on purpose is a `LakehouseError`; its `exit_code` is what a
 command exits with when it ends on it (2: the user can fix it, 1: a run failed). The errors of a
 micro-batch cross Spark's foreachBatch boundary as text only (Spark rebuilds them as a
-StreamingQueryException), so the batch keeps the typed one here, by query, for the runner.
+StreamingQueryException), so the batch's body keeps the typed one (`KeptFailure`) for the
+runner that started its query.
 
 Spark's own failures are read through their error conditions (`getCondition()`) and the JVM
 exception classes behind them, never by searching the text of a stack trace.
@@ -60,26 +61,29 @@ class QueryFailed(LakehouseError):
 
 # --- a batch's typed error, kept for the runner ---------------------------------------------
 
-_FAILED: dict[str, LakehouseError] = {}
-_FAILED_LOCK = threading.Lock()
+class KeptFailure:
+    """The typed error a foreachBatch body raised, kept on the body itself (one per start of a
+    query) for the runner that started it: Spark fails the query with only the error's text.
+    Thread-safe: the batch's thread sets it, the runner's thread reads it."""
 
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._error: LakehouseError | None = None
 
-@contextlib.contextmanager
-def kept_for_runner(query: str):
-    """Around a foreachBatch body: a typed error it raises is kept for the runner, then raised
-    on to Spark (which fails the query with only its text)."""
-    try:
-        yield
-    except LakehouseError as e:
-        with _FAILED_LOCK:
-            _FAILED[query] = e              # the last one wins
-        raise
+    @contextlib.contextmanager
+    def keep(self):
+        """Around a batch's work: a typed error it raises is kept, then raised on to Spark."""
+        try:
+            yield
+        except LakehouseError as e:
+            with self._lock:
+                self._error = e             # the last one wins
+            raise
 
-
-def take_failure(query: str, peek: bool = False) -> LakehouseError | None:
-    """The typed error a batch of `query` raised, if any (removed unless peek)."""
-    with _FAILED_LOCK:
-        return _FAILED.get(query) if peek else _FAILED.pop(query, None)
+    @property
+    def error(self) -> LakehouseError | None:
+        with self._lock:
+            return self._error
 
 
 # --- Spark's failures ------------------------------------------------------------------------
@@ -98,10 +102,9 @@ def spark_condition(error: BaseException) -> str | None:
 
 def jvm_chain(error: BaseException, limit: int = 32) -> list:
     """The JVM throwables behind a Spark error, outermost first, causes and suppressed ones."""
-    origin = getattr(error, "_origin", None)
-    while origin is None and getattr(error, "_cause", None) is not None:
-        error = error._cause            # PySpark kept only the text of this one; its cause may have more
-        origin = getattr(error, "_origin", None)
+    from common.internals import jvm_throwable
+
+    origin = jvm_throwable(error)
     if origin is None:
         return []
     chain, todo, seen = [], [origin], set()
@@ -121,12 +124,10 @@ def jvm_chain(error: BaseException, limit: int = 32) -> list:
 def caused_by(error: BaseException, java_class: str, raised_in: str | None = None) -> bool:
     """Whether a JVM exception of `java_class` (or a subclass) is behind `error`; with
     `raised_in`, only one thrown by code of that package or class."""
-    from py4j.java_gateway import is_instance_of
-    from pyspark import SparkContext
+    from common.internals import is_jvm_instance
 
-    gateway = SparkContext._gateway
     for t in jvm_chain(error):
-        if not is_instance_of(gateway, t, java_class):
+        if not is_jvm_instance(t, java_class):
             continue
         if raised_in is None or any(f.getClassName().startswith(raised_in) for f in t.getStackTrace()):
             return True
@@ -143,7 +144,9 @@ def describe(error: BaseException) -> str:
     from pyspark.errors import PySparkException
 
     if isinstance(error, PySparkException):
-        text = getattr(error, "_desc", None) or str(error)
+        from common.internals import spark_error_message
+
+        text = spark_error_message(error)
         text = text.split("\n\tat ")[0].split("\n\nJVM stacktrace:")[0].rstrip()
         condition = spark_condition(error)
         return text if not condition or condition in text else f"[{condition}] {text}"

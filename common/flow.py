@@ -7,13 +7,22 @@ The runner does everything else: locks, session, pools, signals, stopping, failu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 ORDER = ("bronze", "silver", "gold")
 
 
+class Started(NamedTuple):
+    """What starting a flow returns: its streaming query and the foreachBatch body it runs
+    (None for a sink without one). A body that keeps its batch's typed error (`failure`, a
+    common.errors.KeptFailure) hands it to the runner this way, per run, not through a global."""
+    query: Any
+    body: Any = None
+
+
 class Recovery:
-    """A flow's answer to a failure of its query: `resume` returns a new query or raises.
+    """A flow's answer to a failure of its query: `resume` returns the restarted flow (Started),
+    None when it was told to stop, or raises.
     One instance per run of the flow, so it may keep state (e.g. when an outage began)."""
 
     def resume(self, spark, error, query, stop):  # pragma: no cover - interface
@@ -24,7 +33,7 @@ class Recovery:
 class Flow:
     name: str                                   # the streaming query's name and checkpoint name
     layer: str
-    start: Callable                             # start(spark) -> StreamingQuery
+    start: Callable                             # start(spark) -> Started(query, body)
     recovery: Optional[Callable[[], Recovery]] = None
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from common.storage import location
+from common.internals import checkpoint_id, logged_batches, offset_log_entry
+from common.internals import delta_offset_read_through as consumed_version
 
 # Marks the commits this pipeline made, whatever the feed. Tables written before the mark was
 # renamed carry "nest-lakehouse": their lineage is read the same.
@@ -20,40 +21,25 @@ PIPELINE = "lakehouse"
 _MARKS = (PIPELINE, "nest-lakehouse")
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
-# Delta source offsets (DeltaSourceOffset): index -1 (and the metadata-change markers below it)
-# sit before the first file of `reservoirVersion`; END_INDEX sits after its last file.
-_END_INDEX = 2**63 - 1 - 100
-
 
 def checkpoint_query_id(checkpoint: str) -> str:
     """The id Spark keeps in the checkpoint: stable across restarts, new if the checkpoint is
     deleted. Keying appends on it means a fresh checkpoint never collides with the
     batch versions an old one already wrote."""
-    return json.loads((location(checkpoint) / "metadata").read_text())["id"]
+    found = checkpoint_id(checkpoint)
+    if found is None:
+        raise FileNotFoundError(f"{checkpoint}: no query has started on this checkpoint (no id yet)")
+    return found
 
 
 def last_logged_batch(checkpoint: str) -> int:
     """The highest batch id in the checkpoint's offset log; -1 without one."""
-    folder = location(checkpoint) / "offsets"
-    if not folder.is_dir():
-        return -1
-    return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=-1)
-
-
-def offset_entry(checkpoint: str, batch_id: int) -> tuple[dict, list]:
-    """(batch metadata, source offsets) of one batch from the offset log.
-
-    The file is "v1", a JSON line of batch metadata (watermark, timestamp, conf), then one line
-    per source: its end offset as JSON, or "-" when the source had none yet."""
-    lines = (location(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
-    meta = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
-    sources = [json.loads(line) if line.startswith("{") else None for line in lines[2:]]
-    return meta, sources
+    return max(logged_batches(checkpoint), default=-1)
 
 
 def batch_watermark_ms(checkpoint: str, batch_id: int) -> int:
     """The event-time watermark this batch evicted state and timed out groups with."""
-    meta, _ = offset_entry(checkpoint, batch_id)
+    meta, _ = offset_log_entry(checkpoint, batch_id)
     return int(meta.get("batchWatermarkMs") or 0)
 
 
@@ -76,29 +62,14 @@ def read_nothing(checkpoint: str, batch_id: int) -> bool:
     if batch_id == 0:
         return False
     try:
-        return offset_entry(checkpoint, batch_id)[1] == offset_entry(checkpoint, batch_id - 1)[1]
+        return offset_log_entry(checkpoint, batch_id)[1] == offset_log_entry(checkpoint, batch_id - 1)[1]
     except FileNotFoundError:  # offsets retention purged the one before: assume it read
         return False
 
 
-def consumed_version(offset: dict | None) -> int | None:
-    """Last upstream version a Delta source offset has read completely (-1: none); None when the
-    batch stopped inside a version, so no snapshot equals what it read."""
-    if offset is None:
-        return -1
-    version, index = int(offset["reservoirVersion"]), int(offset["index"])
-    if index >= _END_INDEX:
-        return version
-    if index < 0:
-        # A query's first batches read the table's snapshot at reservoirVersion
-        # (isStartingVersion); before its first file nothing at all has been read.
-        return -1 if offset.get("isStartingVersion") else version - 1
-    return None
-
-
 def batch_lineage(checkpoint: str, query: str, batch_id: int, upstream: str) -> dict:
     """Lineage of one micro-batch of a query with a single Delta source named `upstream`."""
-    meta, sources = offset_entry(checkpoint, batch_id)
+    meta, sources = offset_log_entry(checkpoint, batch_id)
     offset = sources[0] if sources else None
     lineage = {
         "pipeline": PIPELINE, "query": query, "query_id": checkpoint_query_id(checkpoint),

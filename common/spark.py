@@ -256,20 +256,18 @@ def _launch_conf(cfg: Config, extra: dict[str, str] | None = None):
 
 
 def _launch(conf) -> None:
-    from pyspark import SparkContext
-    from pyspark.java_gateway import launch_gateway
+    from common.internals import launch_driver_jvm
 
-    with SparkContext._lock:
-        if SparkContext._gateway is None:
-            read, write = os.pipe()
-            threading.Thread(target=_forward_stderr, args=(read,), name="jvm-stderr", daemon=True).start()
-            try:
-                SparkContext._gateway = launch_gateway(conf, popen_kwargs={"stderr": write})
-                SparkContext._jvm = SparkContext._gateway.jvm
-            except Exception:   # noqa: BLE001 - build_spark launches it again and reports the error
-                pass
-            finally:
-                os.close(write)     # the JVM holds its own copy: the pipe ends when the JVM does
+    def stderr_pipe() -> int:
+        # The JVM's stderr, through _forward_stderr; the pipe ends when the JVM does.
+        read, write = os.pipe()
+        threading.Thread(target=_forward_stderr, args=(read,), name="jvm-stderr", daemon=True).start()
+        return write
+
+    try:
+        launch_driver_jvm(conf, stderr_pipe)
+    except Exception:   # noqa: BLE001 - build_spark launches it again and reports the error
+        pass
 
 
 def _forward_stderr(fd: int) -> None:
@@ -286,6 +284,9 @@ def _forward_stderr(fd: int) -> None:
 
 
 def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] | None = None):
+    from common.internals import check_versions
+
+    check_versions()        # its private API uses are pinned: refuse an untested Spark or Delta
     _worker_environment()
     if _launching is not None:
         _launching.join()
@@ -311,12 +312,9 @@ def stop(spark) -> None:
     `IllegalStateException: SparkEnv not active` with 20 lines of stack after a run that
     succeeded. Stopping it first (StateStore.stop: unload every provider, cancel the task) is
     what SparkContext.stop does a moment later anyway."""
-    from py4j.protocol import Py4JError
+    from common.internals import stop_state_stores
 
-    try:
-        getattr(spark._jvm, "org.apache.spark.sql.execution.streaming.state.StateStore").stop()
-    except Py4JError:   # an internal API: if a Spark upgrade moves it, stop as before
-        pass
+    stop_state_stores(spark)      # an internal API: if a Spark upgrade moves it, stop as before
     spark.stop()
 
 

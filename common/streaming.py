@@ -54,14 +54,9 @@ def clear_interrupted_first_batch(checkpoint: str) -> list[str]:
     committed, so those files are garbage. Anything else (a batch logged, files in commits or
     state) is left for Spark to judge. Call it only while holding the checkpoint's lock.
     Returns the names removed."""
-    from common.storage import location
+    from common.internals import unlogged_offset_files
 
-    folder = location(checkpoint) / "offsets"
-    if not folder.is_dir():
-        return []
-    entries = list(folder.iterdir())
-    if any(p.name.isdigit() for p in entries):
-        return []
+    entries = unlogged_offset_files(checkpoint)
     for p in entries:
         p.unlink(missing_ok=True)
     return [p.name for p in entries]

@@ -28,7 +28,7 @@ from common.schemas import DQ_RESULTS
 from common.storage import is_delta_table
 from common.errors import JobError
 from common.streaming import trigger
-from common.flow import Flow, Layer
+from common.flow import Flow, Layer, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
 from gold.owner import check_owner
@@ -201,12 +201,13 @@ def start_query(spark, cfg, specs, suites: dict):
              if f"gold.{spec.table}" in suites}
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
     batch = GoldBatch(spark, cfg, specs, gates, books, query)
-    return (gold_stream(spark, cfg, specs).writeStream.queryName(query)
-            .outputMode("update")
-            .foreachBatch(batch)
-            .option("checkpointLocation", cfg.checkpoint(query))
-            .trigger(**trigger(cfg, "gold"))
-            .start())
+    running = (gold_stream(spark, cfg, specs).writeStream.queryName(query)
+               .outputMode("update")
+               .foreachBatch(batch)
+               .option("checkpointLocation", cfg.checkpoint(query))
+               .trigger(**trigger(cfg, "gold"))
+               .start())
+    return Started(running, batch)
 
 
 def select(cfg, only=None) -> list[GoldTable]:
@@ -224,7 +225,7 @@ def start(spark, cfg, only=None, suites=None):
     specs = select(cfg, only)
     suites = load_suites(cfg.gold.expectations) if suites is None else suites
     prepare_gold(spark, cfg, specs)
-    return [start_query(spark, cfg, specs, suites)]
+    return [start_query(spark, cfg, specs, suites).query]
 
 
 def layer(cfg, only=None) -> Layer:

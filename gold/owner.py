@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from common.errors import JobError
 from common.delta import last_lineage
-from common.lineage import checkpoint_query_id, last_logged_batch
-from common.storage import is_delta_table, location
+from common.internals import checkpoint_id
+from common.lineage import last_logged_batch
+from common.storage import is_delta_table
 
 
 def check_owner(spark, cfg, query: str, tables) -> None:
     """Refuse to start a query whose batches would make a table's rows wrong (see above)."""
     checkpoint = cfg.checkpoint(query)
-    mine = checkpoint_query_id(checkpoint) if (location(checkpoint) / "metadata").exists() else None
+    mine = checkpoint_id(checkpoint)          # None: no query has started on it yet
     rebuild = ("Rebuild gold from silver: `make reset-gold` drops the gold tables and checkpoints, "
                "then run gold again.")
     folded = last_logged_batch(checkpoint) if mine is not None else -1

@@ -30,6 +30,7 @@ def _train(target: Path) -> None:
     """Run the real pipeline on a small sample in a scratch lakehouse, in a JVM that dumps every
     class it loaded when it exits."""
     from common.config import load_config
+    from common.internals import driver_jvm_process
     from common.spark import build_spark, jvm_options
 
     scratch = Path(tempfile.mkdtemp(prefix="lakehouse-cds-"))
@@ -48,7 +49,7 @@ def _train(target: Path) -> None:
         code = pipeline(["--layer", "all"], spark=spark, env=env)
         if code != 0:
             raise SystemExit(f"error: the training run of the pipeline failed (exit {code})")
-        jvm = spark.sparkContext._gateway.proc
+        jvm = driver_jvm_process(spark)
         spark.stop()
         # The JVM writes the archive as it exits, which it does when its stdin closes.
         jvm.stdin.close()

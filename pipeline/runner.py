@@ -36,23 +36,29 @@ class FlowRun:
         self.stop = threading.Event()           # this flow only (a failed upstream, a quality stop)
         self.error: BaseException | None = None
         self.query = None
+        self.body = None                        # the foreachBatch body the query runs (Started.body)
         self.thread = threading.Thread(target=self._run, name=f"flow-{flow.name}", daemon=True)
 
     def _stopping(self) -> bool:
         return self.stop.is_set() or self.stop_all.is_set()
 
+    def failure(self):
+        """The typed error (a LakehouseError) the body of this run's query kept from its batch,
+        if any: Spark's own error carries only its text."""
+        kept = getattr(self.body, "failure", None)
+        return None if kept is None else kept.error
+
     def _run(self) -> None:
-        from common.errors import DataQualityError, take_failure
+        from common.errors import DataQualityError
         from common.streaming import clear_interrupted_first_batch, stop_between_batches
 
         try:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.flow.layer)
-            take_failure(self.flow.name)           # none left over from an earlier run in this process
             cleared = clear_interrupted_first_batch(self.checkpoint)     # the runner holds its lock
             if cleared:
                 log.info(f"{self.flow.name}: removed {len(cleared)} file(s) of a first batch that a killed "
                          f"run did not finish logging: {', '.join(cleared)}")
-            self.query = self.flow.start(self.spark)
+            self.query, self.body = self.flow.start(self.spark)
             recovery = self.flow.recovery() if self.flow.recovery else None
             while True:
                 try:
@@ -64,11 +70,12 @@ class FlowRun:
                     return
                 except Exception as e:
                     if (recovery is None or self._stopping()
-                            or isinstance(take_failure(self.flow.name, peek=True), DataQualityError)):
+                            or isinstance(self.failure(), DataQualityError)):
                         raise
-                    self.query = recovery.resume(self.spark, e, self.query, self)
-                    if self.query is None:
+                    resumed = recovery.resume(self.spark, e, self.query, self)
+                    if resumed is None:
                         return
+                    self.query, self.body = resumed
         except BaseException as e:   # noqa: BLE001 - handed to the runner, which decides
             self.error = e
             if self.query is not None and self.query.isActive:
@@ -318,7 +325,7 @@ class Runner:
 
     def _supervise(self, runs: list[FlowRun], done: queue.Queue) -> None:
         """Wait for every flow's thread; apply the failure policy as flows end."""
-        from common.errors import DataQualityError, QueryFailed, exit_code, take_failure
+        from common.errors import DataQualityError, QueryFailed, exit_code
 
         layer_of = {run.flow.name: run.flow.layer for run in runs}
         left = len(runs)
@@ -334,7 +341,7 @@ class Runner:
                     self.failures.append((f"query {name} stopped on its own", 1))
                     self.stop_all.set()
                 continue
-            typed = take_failure(name)
+            typed = run.failure()
             if isinstance(typed, DataQualityError):
                 quality = typed
                 hit = downstream(self.layers, layer_of[name])

@@ -21,7 +21,7 @@ from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.storage import is_delta_table
 from common.errors import JobError
 from common.streaming import trigger
-from common.flow import Flow, Layer
+from common.flow import Flow, Layer, Started
 from common.lineage import read_nothing
 from silver import transform as T
 from silver.locations import ensure_seeded
@@ -179,7 +179,7 @@ def start(spark, cfg, suite=None):
     if not is_delta_table(bronze_path):
         raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
     ensure_tables(spark, cfg)
-    return start_query(spark, cfg, suite or silver_suite(cfg))
+    return start_query(spark, cfg, suite or silver_suite(cfg)).query
 
 
 def start_query(spark, cfg, suite):
@@ -192,11 +192,12 @@ def start_query(spark, cfg, suite):
     observed = parsed.observe(METRICS, *T.input_metrics(parsed, cfg.profile))
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
     books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)
-    return (deduped.writeStream.queryName(QUERY)
-            .foreachBatch(SilverBatch(spark, cfg, suite, books))
-            .option("checkpointLocation", cfg.checkpoint(QUERY))
-            .trigger(**trigger(cfg, "silver"))
-            .start())
+    body = SilverBatch(spark, cfg, suite, books)
+    return Started(deduped.writeStream.queryName(QUERY)
+                   .foreachBatch(body)
+                   .option("checkpointLocation", cfg.checkpoint(QUERY))
+                   .trigger(**trigger(cfg, "silver"))
+                   .start(), body)
 
 
 def silver_suite(cfg, gx: bool = True):

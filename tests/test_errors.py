@@ -8,7 +8,7 @@ from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import functions as F
 
 from common.errors import (JobError, LakehouseError, QueryFailed, caused_by, command, describe,
-                           exit_code, kept_for_runner, spark_condition, take_failure)
+                           KeptFailure, exit_code, spark_condition)
 
 
 def test_a_spark_error_is_known_by_its_condition(spark, tmp_path):
@@ -39,22 +39,27 @@ def test_the_jvm_classes_behind_a_failure_are_found_without_reading_its_text(spa
 
 
 def test_a_batch_hands_its_typed_error_to_the_runner(spark, tmp_path):
+    """The body keeps its batch's typed error on itself: each start of a query has its own."""
     class Broken(JobError):
         pass
 
-    def body(df, batch_id):
-        with kept_for_runner("typed_errors_probe"):
-            raise Broken(f"batch {batch_id} cannot go on")
+    class Body:
+        def __init__(self):
+            self.failure = KeptFailure()
 
-    take_failure("typed_errors_probe")
+        def __call__(self, df, batch_id):
+            with self.failure.keep():
+                raise Broken(f"batch {batch_id} cannot go on")
+
+    body, other = Body(), Body()
     query = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
              .writeStream.queryName("typed_errors_probe").foreachBatch(body)
              .option("checkpointLocation", str(tmp_path / "ckpt")).start())
     with pytest.raises(StreamingQueryException) as caught:
         query.awaitTermination(60)
-    typed = take_failure("typed_errors_probe")
+    typed = body.failure.error
     assert isinstance(typed, Broken) and str(typed) == "batch 0 cannot go on"
-    assert take_failure("typed_errors_probe") is None                      # taken once
+    assert other.failure.error is None                     # another run's body knows nothing of it
     failed = QueryFailed("typed_errors_probe", caught.value)
     assert failed.condition and str(failed).startswith("query typed_errors_probe failed: ")
     assert exit_code(typed) == 2 and exit_code(caught.value) == 1

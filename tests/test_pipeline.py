@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
-from common.errors import kept_for_runner
-from common.flow import Flow, Layer
+from common.errors import KeptFailure
+from common.flow import Flow, Layer, Started
 from common.quality import Outcome, Rule, raise_on_failures
 from pipeline.runner import Runner, downstream
 
@@ -26,7 +26,7 @@ def rate_flow(cfg, name: str, layer: str, body=None) -> Flow:
         rows = spark.readStream.format("rate").option("rowsPerSecond", 20).load()
         writer = (rows.writeStream.queryName(name).option("checkpointLocation", cfg.checkpoint(name))
                   .trigger(processingTime="1 second"))
-        return (writer.foreachBatch(body) if body else writer.format("noop")).start()
+        return Started((writer.foreachBatch(body) if body else writer.format("noop")).start(), body)
     return Flow(name, layer, start)
 
 
@@ -69,12 +69,16 @@ def test_downstream_follows_the_chain_of_reads(continuous):
 def test_a_fail_expectation_stops_its_layer_and_what_reads_it_upstream_runs_on(spark, continuous, logged):
     rule = Rule("ids_present", "expect_column_values_to_not_be_null", {"column": "id"}, "fail")
 
-    def gate(df, batch_id):
-        if batch_id >= 1:
-            with kept_for_runner("t_silver"):     # as every layer's batch does (common.batch)
-                raise_on_failures([Outcome(rule, False, 10, 3, None)], "t_silver", batch_id, "silver.t")
+    class Gate:
+        """Keeps its batch's typed error on itself, as every layer's body does (common.batch)."""
+        failure = KeptFailure()
 
-    runner = Runner(continuous, layers_with(continuous, silver_body=gate), spark=spark)
+        def __call__(self, df, batch_id):
+            if batch_id >= 1:
+                with self.failure.keep():
+                    raise_on_failures([Outcome(rule, False, 10, 3, None)], "t_silver", batch_id, "silver.t")
+
+    runner = Runner(continuous, layers_with(continuous, silver_body=Gate()), spark=spark)
     thread, result = run_in_thread(runner)
     try:
         wait(lambda: active(spark, "t_gold_a") or "result" in result, 120, "the flows to start")

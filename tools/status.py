@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from common.errors import command
 from common.config import load_config
-from common.storage import is_delta_table, location
+from common.storage import is_delta_table
 
 
 def queries(cfg) -> tuple[str, ...]:
@@ -25,11 +25,9 @@ def queries(cfg) -> tuple[str, ...]:
 
 def checkpoint_batches(checkpoint: str) -> tuple[int | None, int | None]:
     """(latest planned batch, latest committed batch) from the offset and commit logs."""
-    def latest(folder: str):
-        d = location(checkpoint) / folder
-        ids = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
-        return max(ids) if ids else None
-    return latest("offsets"), latest("commits")
+    from common.internals import committed_batches, logged_batches
+
+    return max(logged_batches(checkpoint), default=None), max(committed_batches(checkpoint), default=None)
 
 
 def delta_lag(spark, sources_json: str | None) -> str | None:
@@ -38,7 +36,7 @@ def delta_lag(spark, sources_json: str | None) -> str | None:
     import re
 
     from common.delta import table_version
-    from common.lineage import consumed_version
+    from common.internals import delta_offset_read_through
 
     behind = None
     for s in json.loads(sources_json or "[]"):
@@ -46,7 +44,7 @@ def delta_lag(spark, sources_json: str | None) -> str | None:
         end = s.get("endOffset")
         if not m or not isinstance(end, dict):
             continue
-        read = consumed_version(end)
+        read = delta_offset_read_through(end)
         if read is None:
             read = int(end["reservoirVersion"]) - 1
         latest = table_version(spark, m.group(1))

@@ -13,6 +13,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common.internals import driver_jvm_pid, driver_memory
+
 
 def _tree(path: Path, skip_hidden: bool = True) -> tuple[int, int]:
     """(files, bytes) under path; hidden files are Hadoop's .crc siblings and temp files."""
@@ -108,21 +110,16 @@ class Sampler:
 
     def __init__(self, spark, cfg, tap: BatchTap, queries: list[str]):
         self.spark, self.cfg, self.tap, self.queries = spark, cfg, tap, queries
-        jvm = spark._jvm
-        self.jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
-        self.memory = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
-        self.system = jvm.java.lang.System
+        self.jvm_pid = driver_jvm_pid(spark)
 
     def process(self) -> dict:
         from tools.processes import descendants, rss
 
         # Heap used right after a full collection: the live set, not wherever G1 happened to be
         # between young collections (which swings by the size of the young generation).
-        self.system.gc()
+        memory = driver_memory(self.spark)
         return {"jvm_rss": rss(self.jvm_pid), "python_rss": rss(os.getpid()),
-                "workers_rss": sum(rss(p) or 0 for p in descendants(self.jvm_pid)),
-                "heap_used": int(self.memory.getHeapMemoryUsage().getUsed()),
-                "nonheap_used": int(self.memory.getNonHeapMemoryUsage().getUsed())}
+                "workers_rss": sum(rss(p) or 0 for p in descendants(self.jvm_pid)), **memory}
 
     def tables(self) -> dict:
         from common.catalog import existing_tables

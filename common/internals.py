@@ -1,0 +1,328 @@
+"""Every use of a private Spark, Delta or py4j API, and every read of Spark's checkpoint files, in
+one place, pinned to the versions it was written against.
+
+Each function's docstring says which public API is missing and why the project needs the
+private one. tests/test_internals.py runs each against the real session, and fails if a module
+outside this one uses a private name; `check_versions()` (called by common.spark.build_spark)
+refuses a pyspark, delta-spark or py4j this module was not checked against. To move to a new
+version: run tests/test_internals.py on it, fix what broke here, then widen WRITTEN_AGAINST.
+
+Delta's _delta_log is not in here: its format is Delta's published protocol (PROTOCOL.md).
+Spark's checkpoint folders (offsets/, commits/, metadata, sources/) have no such document.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from common.errors import JobError
+from common.storage import location
+
+# component -> the version prefix this module was written against and tested with.
+WRITTEN_AGAINST = {"pyspark": "4.1.", "delta-spark": "4.", "py4j": "0.10.9."}
+
+
+class UnpinnedVersion(JobError):
+    """An installed pyspark, delta-spark or py4j is not one common.internals was checked against."""
+
+
+def installed_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in WRITTEN_AGAINST:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def check_versions(installed: dict[str, str | None] | None = None) -> None:
+    """Raise UnpinnedVersion naming each component whose installed version is not the one this
+    module's private API uses were written against (`installed`: for tests; default: this
+    environment's)."""
+    installed = installed_versions() if installed is None else installed
+    wrong = [f"{name} {have or '(not installed)'} (written against {want}x)"
+             for name, want in WRITTEN_AGAINST.items()
+             if (have := installed.get(name)) is None or not have.startswith(want)]
+    if wrong:
+        raise UnpinnedVersion(
+            f"common/internals.py uses private APIs of {', '.join(wrong)}: install the pinned "
+            "versions (requirements.lock), or check each function of common/internals.py against "
+            "the new ones (tests/test_internals.py) and widen its WRITTEN_AGAINST")
+
+
+# --- py4j: errors a call into the JVM raises -------------------------------------------------
+
+def api_moved() -> tuple[type, ...]:
+    """What a call of a private JVM API raises when an upgrade moved or changed it (py4j's base
+    error: no such method or class, or the JVM threw); callers with a public fallback catch
+    `except api_moved():`. A function, so importing this module does not import py4j."""
+    from py4j.protocol import Py4JError
+
+    return (Py4JError,)
+
+
+def java_errors() -> tuple[type, ...]:
+    """A JVM exception that PySpark did not convert to one of its own (py4j's Py4JJavaError):
+    some Delta and Spark calls still raise it, and code that reads conditions must catch it."""
+    from py4j.protocol import Py4JJavaError
+
+    return (Py4JJavaError,)
+
+
+# --- PySpark's errors ------------------------------------------------------------------------
+
+def jvm_throwable(error: BaseException):
+    """The JVM Throwable behind a PySpark error, or None. PySpark keeps it as `_origin` and has no
+    public accessor; a foreachBatch error keeps only the text of the batch's error, so the
+    search follows PySpark's `_cause` to the one that has an origin. Needed to recognise
+    failures by their JVM exception classes instead of the text of a stack trace."""
+    origin = getattr(error, "_origin", None)
+    while origin is None and getattr(error, "_cause", None) is not None:
+        error = error._cause
+        origin = getattr(error, "_origin", None)
+    return origin
+
+
+def is_jvm_instance(java_object, java_class: str) -> bool:
+    """Whether a JVM object is an instance of `java_class` (or a subclass). py4j's is_instance_of
+    needs the gateway, which PySpark keeps as SparkContext._gateway (no public accessor)."""
+    from py4j.java_gateway import is_instance_of
+    from pyspark import SparkContext
+
+    return bool(is_instance_of(SparkContext._gateway, java_object, java_class))
+
+
+def spark_error_message(error: BaseException) -> str:
+    """A PySpark error's own message, without the JVM stack trace str() appends: PySpark keeps it
+    as `_desc`; getMessage() adds the condition and the trace."""
+    return getattr(error, "_desc", None) or str(error)
+
+
+# --- the running micro-batch's execution ---------------------------------------------------
+
+_STATE_WRITER = "org.apache.spark.sql.execution.streaming.operators.stateful.StateStoreWriter"
+
+
+@dataclass(frozen=True)
+class Execution:
+    batch_id: int
+    trigger_start_ms: int
+    state_operators: list      # each stateful operator's progress, as a dict (the progress report's)
+    observed: dict             # observed metrics by name, each a dict
+
+
+def running_execution(spark, query) -> Execution:
+    """The metrics of the micro-batch a query is running, read from its executed plan. Spark
+    publishes them only in the progress report, after the batch has committed; accounting must
+    write them before (common.accounting). No public API reaches the running batch: this reads
+    the query's JVM object (`_jsq`), its latest execution context, the StateStoreWriter nodes
+    of the executed plan (by class name) and the observed metrics (a Scala map)."""
+    context = query._jsq.streamingQuery().getLatestExecutionContext()
+    execution = context.executionPlan()
+    writer = spark._jvm.java.lang.Class.forName(_STATE_WRITER)
+    operators, pending = [], [execution.executedPlan()]
+    while pending:
+        node = pending.pop()
+        if writer.isInstance(node):
+            operators.append(json.loads(node.getProgress().json()))
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    metrics = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(execution.observedMetrics())
+    seen = {name: json.loads(metrics.get(name).json()) for name in metrics.keySet()}
+    return Execution(int(context.batchId()), int(context.currentTriggerStartTimestamp()), operators, seen)
+
+
+# --- Delta's cached snapshot -----------------------------------------------------------------
+
+def _snapshot(spark, path: str):
+    jvm = spark._jvm
+    return (jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+            .update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()))
+
+
+def delta_properties(spark, path: str) -> dict[str, str]:
+    """A Delta table's properties from its cached snapshot (DeltaLog.forTable, JVM only): the
+    public DESCRIBE DETAIL / SHOW TBLPROPERTIES run a Spark job, about 2 s a table, on every
+    start. Raises api_moved() when a Delta upgrade moved it."""
+    it = _snapshot(spark, path).metadata().configuration().iterator()
+    out = {}
+    while it.hasNext():
+        pair = it.next()
+        out[pair._1()] = pair._2()
+    return out
+
+
+def delta_version(spark, path: str) -> int:
+    """A Delta table's latest version from its cached snapshot: the public DESCRIBE HISTORY runs a
+    job (about 0.3 s, on every silver batch that pins its dimension). Raises api_moved()."""
+    return int(_snapshot(spark, path).version())
+
+
+def delta_file_count(spark, path: str) -> int:
+    """How many files a Delta table's latest version holds, from the version's checksum file
+    (numOfFiles would rebuild the table's state: three jobs for every new version); the public
+    DESCRIBE DETAIL runs a job. Raises api_moved()."""
+    snapshot = _snapshot(spark, path)
+    checksum = snapshot.checksumOpt()
+    return int(checksum.get().numFiles() if checksum.isDefined() else snapshot.numOfFiles())
+
+
+def delta_column_names(spark, path: str) -> list[str]:
+    """A Delta table's column names from its cached snapshot, without resolving a DataFrame (the
+    public DeltaTable.toDF().columns analyses a plan). Raises api_moved()."""
+    return list(_snapshot(spark, path).schema().fieldNames())
+
+
+# --- the driver JVM --------------------------------------------------------------------------
+
+def launch_driver_jvm(conf, open_stderr: Callable[[], int]) -> bool:
+    """Start the driver JVM and its py4j gateway before any SparkContext, unless one runs; True
+    if this call started it. PySpark has no public way to start the JVM alone (so it overlaps
+    what the caller does before building the session) nor to pass the JVM's stderr through a
+    pipe: this sets SparkContext._gateway/_jvm, which the SparkContext built later picks up.
+    `open_stderr()` returns the write end of a pipe for the JVM's stderr, closed here once the
+    JVM holds its own copy; it is called only when a JVM is started."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return False
+        write = open_stderr()
+        try:
+            SparkContext._gateway = launch_gateway(conf, popen_kwargs={"stderr": write})
+            SparkContext._jvm = SparkContext._gateway.jvm
+        finally:
+            os.close(write)
+        return True
+
+
+def driver_jvm_process(spark):
+    """The driver JVM's process (a subprocess.Popen; None when spark-submit started it), which
+    PySpark keeps as the gateway's `proc`. Needed to close its stdin and wait for it to exit:
+    the class archive is written as the JVM exits."""
+    return spark.sparkContext._gateway.proc
+
+
+def driver_jvm_pid(spark) -> int:
+    """The driver JVM's process id, through PySpark's py4j view of the JVM (`_jvm`; no public
+    accessor), for the soak's memory samples."""
+    return int(spark._jvm.java.lang.ProcessHandle.current().pid())
+
+
+def driver_memory(spark) -> dict[str, int]:
+    """The driver JVM's heap and non-heap bytes in use right after a full GC (the live set), from
+    its MemoryMXBean through `_jvm`: Spark reports no driver memory in public API."""
+    jvm = spark._jvm
+    jvm.java.lang.System.gc()
+    bean = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
+    return {"heap_used": int(bean.getHeapMemoryUsage().getUsed()),
+            "nonheap_used": int(bean.getNonHeapMemoryUsage().getUsed())}
+
+
+def stop_state_stores(spark) -> bool:
+    """Stop the state stores' maintenance task and unload every provider (StateStore.stop, a JVM
+    object with no Python API) before the session stops: Spark stops it only after SparkEnv is
+    gone, and a maintenance run in between logs an IllegalStateException after a run that
+    succeeded. False if an upgrade moved it (the session then stops as before)."""
+    try:
+        getattr(spark._jvm, "org.apache.spark.sql.execution.streaming.state.StateStore").stop()
+        return True
+    except api_moved():
+        return False
+
+
+# --- Spark's streaming checkpoint files ------------------------------------------------------
+# A checkpoint folder holds `metadata` (the query's id, JSON), `offsets/<batch>` (what each
+# batch reads, written before it runs), `commits/<batch>` (written once it has committed) and
+# `sources/<n>/` (the file source's log). Spark has no public reader for any of them.
+
+def checkpoint_id(checkpoint: str) -> str | None:
+    """The query id kept in the checkpoint's metadata file (None before a query first started on
+    it): stable across restarts, new when the checkpoint is deleted. The running query's id is
+    public, but the id must be known before the query starts and outside a running one."""
+    path = location(checkpoint) / "metadata"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())["id"]
+
+
+def _batch_ids(checkpoint: str, folder: str) -> list[int]:
+    d = location(checkpoint) / folder
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def logged_batches(checkpoint: str) -> list[int]:
+    """The batch ids in the checkpoint's offset log (planned: written before the batch runs),
+    ascending; the progress reports say only what ran in this process."""
+    return _batch_ids(checkpoint, "offsets")
+
+
+def committed_batches(checkpoint: str) -> list[int]:
+    """The batch ids in the checkpoint's commit log (committed), ascending."""
+    return _batch_ids(checkpoint, "commits")
+
+
+def offset_log_entry(checkpoint: str, batch_id: int) -> tuple[dict, list]:
+    """(batch metadata, source offsets) of one batch from the offset log: the watermark a batch
+    ran with and what it read, known before it runs (a replay reads the same), which no public
+    API gives. The file is "v1", a JSON line of batch metadata (watermark, timestamp, conf), then
+    one line per source: its end offset as JSON, or "-" when the source had none yet. Raises
+    FileNotFoundError for a batch not (or no longer) in the log."""
+    lines = (location(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
+    meta = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
+    sources = [json.loads(line) if line.startswith("{") else None for line in lines[2:]]
+    return meta, sources
+
+
+def unlogged_offset_files(checkpoint: str) -> list[Path]:
+    """The files of a checkpoint's offset log when it holds no batch ([] once it holds one): what
+    a process killed between writing an entry's temporary file (".0.<uuid>.tmp", its ".crc") and
+    renaming it leaves. Spark 4.1 then refuses the checkpoint for good
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) and offers no repair."""
+    folder = location(checkpoint) / "offsets"
+    if not folder.is_dir():
+        return []
+    entries = list(folder.iterdir())
+    return [] if any(p.name.isdigit() for p in entries) else entries
+
+
+def file_source_log(checkpoint: str, source: int = 0) -> Iterator[dict]:
+    """The file source's log entries ({"path", "batchId", ...}: which batch read each file), plain
+    and compacted; the progress reports name no file."""
+    for f in (location(checkpoint) / "sources" / str(source)).glob("*"):
+        if f.name.startswith("."):
+            continue
+        for line in f.read_text().splitlines():
+            if line.startswith("{"):
+                yield json.loads(line)
+
+
+# --- Delta's streaming source offsets --------------------------------------------------------
+
+# DeltaSourceOffset: index -1 (and the metadata-change markers below it) sit before the first
+# file of `reservoirVersion`; END_INDEX sits after its last file.
+_END_INDEX = 2**63 - 1 - 100
+
+
+def delta_offset_read_through(offset: dict | None) -> int | None:
+    """The last version of a Delta source's table an offset has read completely (-1: none); None
+    when the batch stopped inside a version, so no snapshot equals what it read. The offset is
+    public (progress reports, offset log) but its index encoding is Delta's DeltaSourceOffset,
+    undocumented."""
+    if offset is None:
+        return -1
+    version, index = int(offset["reservoirVersion"]), int(offset["index"])
+    if index >= _END_INDEX:
+        return version
+    if index < 0:
+        # A query's first batches read the table's snapshot at reservoirVersion
+        # (isStartingVersion); before its first file nothing at all has been read.
+        return -1 if offset.get("isStartingVersion") else version - 1
+    return None
