@@ -54,21 +54,11 @@ def environment(args, base) -> dict:
     return env
 
 
-def declare(cfg, layers, only=None):
-    """The Layer specs of the selected layers, in pipeline order."""
-    from bronze.job import layer as bronze
-    from gold.job import layer as gold
-    from silver.job import layer as silver
-
-    builders = {"bronze": bronze, "silver": silver, "gold": lambda c: gold(c, only)}
-    return [builders[name](cfg) for name in ORDER if name in layers]
-
-
 def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | None = None) -> int:
     from common.config import ConfigError, load_config
     from common.log import configure
     from common.quality import SuiteError
-    from pipeline.runner import Runner
+    from pipeline.runner import Runner, declare
 
     args = parser(prog or (f"{layer}.job" if layer else "pipeline"), layer).parse_args(argv)
     configure()
@@ -81,7 +71,7 @@ def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | 
             from common.spark import prelaunch_jvm
 
             prelaunch_jvm(cfg)       # while the layers are declared and their checkpoints locked
-        specs = declare(cfg, layers, only)
+        specs = declare(cfg, layers, {"gold": {"only": only}})
     except (ConfigError, SuiteError) as e:
         log.error(str(e))
         return 2
