@@ -69,7 +69,7 @@ def build(spark, cfg, versions: int) -> int:
     """Feed silver until gold.zip_hourly_sightings has at least `versions` versions; returns how
     many silver commits that took. `cfg` comes from bench_config. Each batch's watermark is the
     one a processing-time run would give it: the latest event time of the batches before it."""
-    from gold.job import start as start_gold
+    from pipeline.runner import start
     from silver.job import ensure_tables
 
     cfg.locations_csv.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def build(spark, cfg, versions: int) -> int:
         for _ in range(versions - have if commits else 1):
             silver_commit(spark, cfg, schema, commits)
             commits += 1
-        query, = start_gold(spark, cfg, only={"sightings"}, suites={})
+        query, = start(spark, cfg, "gold", only={"sightings"}, suites={})
         query.awaitTermination()
 
 

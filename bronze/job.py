@@ -84,13 +84,6 @@ def prepare(spark, cfg) -> str:
     return ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION)
 
 
-def start(spark, cfg, source: str):
-    """Check the source, create the table and start the query (the runner does the first two once)."""
-    preflight(cfg, source)
-    prepare(spark, cfg)
-    return start_query(spark, cfg, source).query
-
-
 class BronzeAppend(QueryBody):
     """foreachBatch body of bronze: the batch's rows appended once, keyed by (query, batch id),
     with its lineage. Delta's own streaming sink keys its commits the same way but looks the key
@@ -205,13 +198,14 @@ def _wait_for_broker(cfg, stop: threading.Event, give_up_at: float,
         backoff = min(backoff * 2, src.reconnect_backoff_max.seconds)
 
 
-def layer(cfg) -> Layer:
-    source = cfg.bronze.source
+def layer(cfg, source: str | None = None) -> Layer:
+    """Bronze from `source` (files or kafka; default: conf bronze.source)."""
+    source = source or cfg.bronze.source
     name = QUERY_NAME[source]
     flow = Flow(name, "bronze", lambda spark: start_query(spark, cfg, source),
                 recovery=(lambda: KafkaRecovery(cfg)) if source == "kafka" else None)
     return Layer("bronze", None, (flow,),
-                 preflight=lambda selected: preflight(cfg, source),
+                 preflight=lambda: preflight(cfg, source),
                  prepare=lambda spark: prepare(spark, cfg),
                  describe=f"{source} -> {cfg.table_path('bronze', 'events')}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, NamedTuple
 
 from pydantic import model_validator
 
@@ -271,7 +271,7 @@ class Config(Lakehouse):
     """The validated configuration, its profile, and what start-up derives from them."""
     source: Path                       # the config file
     profile: Profile
-    # TRIGGER_INTERVAL (or --interval) was given: it beats the per-layer intervals.
+    # streaming.trigger_interval was given (TRIGGER_INTERVAL, --interval): it beats the per-layer intervals.
     streaming_interval_forced: bool
     store: storage.Store
     # Each is a local Path or an s3a:// ObjectPath (common.storage); both join with `/`.
@@ -335,22 +335,38 @@ def _check_table(tables: dict, layer: str, table: str) -> None:
                        + ", ".join(f"{l}.{t}" for l, ts in tables.items() for t in ts))
 
 
-def _apply_env(raw: dict, env: dict[str, str]) -> dict[str, str]:
-    """Write environment overrides into raw; return key -> 'value from environment variable X'.
-    An unknown key is left to validation, which names it (and the variable)."""
+class Override(NamedTuple):
+    """A value for one config key from outside the files, and where it came from (the error
+    about a bad one ends with "(value from <origin>)")."""
+    value: Any
+    origin: str
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Override]:
+    """The config keys the environment sets: the short names (ENV_ALIASES, non-empty values)
+    and LAKEHOUSE__SECTION__KEY."""
+    found = {key: Override(env[var], f"environment variable {var}")
+             for var, key in ENV_ALIASES.items() if env.get(var, "") != ""}
+    found.update({var[len(ENV_PREFIX):].lower().replace("__", "."): Override(env[var], f"environment variable {var}")
+                  for var in env if var.startswith(ENV_PREFIX)})
+    return found
+
+
+def _apply(raw: dict, overrides: Mapping[str, Any]) -> dict[str, str]:
+    """Write overrides (dotted key -> value or Override) into raw; return key -> 'value from
+    <origin>'. An unknown key is left to validation, which names it (and the origin)."""
     origin: dict[str, str] = {}
-    pairs = [(var, key) for var, key in ENV_ALIASES.items() if env.get(var, "") != ""]
-    pairs += [(var, var[len(ENV_PREFIX):].lower().replace("__", "."))
-              for var in env if var.startswith(ENV_PREFIX)]
-    for var, key in pairs:
+    for key, value in overrides.items():
+        if not isinstance(value, Override):
+            value = Override(value, f"override '{key}'")
         *parents, leaf = key.split(".")
         node = raw
         for part in parents:
             node = node.setdefault(part, {}) if isinstance(node, dict) else None
         if not isinstance(node, dict) or not leaf:
-            raise ConfigError(f"environment variable {var}: unknown key '{key}'")
-        node[leaf] = env[var]
-        origin[key] = f"value from environment variable {var}"
+            raise ConfigError(f"{value.origin}: unknown key '{key}'")
+        node[leaf] = value.value
+        origin[key] = f"value from {value.origin}"
     return origin
 
 
@@ -373,29 +389,32 @@ def _derived(spec: Lakehouse, source: Path, profile: Profile) -> dict[str, Any]:
                 kafka_data_dir=_resolve(spec.kafka.data_dir, Path.cwd()), tables=profile_tables(profile))
 
 
-def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Config:
+def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> Config:
     """Load conf/lakehouse.yaml (or LAKEHOUSE_CONF, or path) and the profile (PROFILE), merge the
-    profile's sections over the file, apply env overrides, validate."""
+    profile's sections over the file, apply the environment's overrides (env, default os.environ,
+    which is only read) and then `overrides` (dotted key -> value, or Override naming where it
+    came from, e.g. a command-line flag), validate. Precedence: overrides > env > profile > file."""
     env = dict(os.environ if env is None else env)
     conf_path = Path(path or env.get("LAKEHOUSE_CONF") or DEFAULT_CONF).resolve()
     if not conf_path.is_file():
         raise ConfigError(f"config file not found: {conf_path}")
     raw = read_yaml(conf_path, ConfigError)
     try:
-        profile, overrides = load_profile(env, REPO_ROOT, SECTIONS)
+        profile, sections = load_profile(env, REPO_ROOT, SECTIONS)
     except ProfileError as e:
         raise ConfigError(str(e)) from None
-    landing = (overrides.get("paths") or {}).get("landing")
+    landing = (sections.get("paths") or {}).get("landing")
     if isinstance(landing, str):
         # A profile's landing folder is relative to the repository, wherever make runs from.
-        overrides["paths"]["landing"] = str(storage.parse(expand(landing), REPO_ROOT))
+        sections["paths"]["landing"] = str(storage.parse(expand(landing), REPO_ROOT))
     from_profile = {f"{section}.{key}": f"value from profile {profile.file}"
-                    for section, keys in overrides.items() if isinstance(keys, dict) for key in keys}
-    raw = deep_merge(raw, overrides)
-    from_env = _apply_env(raw, env)
-    spec = load(Lakehouse, raw, conf_path, ConfigError, {**from_profile, **from_env})
+                    for section, keys in sections.items() if isinstance(keys, dict) for key in keys}
+    raw = deep_merge(raw, sections)
+    given = _apply(raw, {**env_overrides(env), **(overrides or {})})
+    spec = load(Lakehouse, raw, conf_path, ConfigError, {**from_profile, **given})
     cfg = Config(**{s: getattr(spec, s) for s in SECTIONS}, source=conf_path, profile=profile,
-                 streaming_interval_forced="streaming.trigger_interval" in from_env,
+                 streaming_interval_forced="streaming.trigger_interval" in given,
                  **_derived(spec, conf_path, profile))
     if cfg.on_object_store:
         # s3a:// strings (cfg.table_path...) resolve against this store; a config loaded for

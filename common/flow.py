@@ -42,7 +42,9 @@ class Layer:
     name: str
     reads: Optional[str]                        # the layer whose table it reads (None: outside)
     flows: tuple[Flow, ...]
-    preflight: Callable = lambda selected: None  # before Spark starts; raises JobError
+    reads_table: Optional[str] = None           # that table's path: when `reads` does not run too,
+                                                # the runner refuses to start unless it exists
+    preflight: Callable = lambda: None          # before Spark starts; raises JobError
     prepare: Callable = lambda spark: None      # create its tables (idempotent)
     prepare_alone: Callable = lambda spark: None   # the part needing no other layer's tables: starts at once
     validate: Callable = lambda: None           # checks with heavy imports (GX suites); raise JobError.

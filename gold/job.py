@@ -25,7 +25,6 @@ from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.quality import QualityGate, check_tables, load_suites
 from common.schemas import DQ_RESULTS
-from common.storage import is_delta_table
 from common.errors import JobError
 from common.streaming import trigger
 from common.flow import Flow, Layer, Started
@@ -171,8 +170,6 @@ def prepare_gold(spark, cfg, specs) -> None:
     """Check the stats topic when publishing, create the gold and ops tables, check that this
     query owns its tables."""
     silver_path = cfg.table_path("silver", cfg.silver_table)
-    if not is_delta_table(silver_path):
-        raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
     if cfg.gold.stats_to_kafka:
         from common.kafka import BrokerError, ensure_topic, wait_for_kafka
 
@@ -219,27 +216,14 @@ def select(cfg, only=None) -> list[GoldTable]:
     return [t for t in tables if not only or t.key in only]
 
 
-def start(spark, cfg, only=None, suites=None):
-    """Prepare and start the gold query for the selected tables in this session; returns it in
-    a list (the shape every layer's start has)."""
-    specs = select(cfg, only)
-    suites = load_suites(cfg.gold.expectations) if suites is None else suites
-    prepare_gold(spark, cfg, specs)
-    return [start_query(spark, cfg, specs, suites).query]
-
-
-def layer(cfg, only=None) -> Layer:
-    """The profile's gold tables (or the `only` subset, by key), written by one flow."""
-    suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
+def layer(cfg, only=None, suites=None) -> Layer:
+    """The profile's gold tables (or the `only` subset, by key), written by one flow, gated by
+    `suites` (default: conf gold.expectations)."""
+    if suites is None:
+        suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
     chosen = select(cfg, only)
-    silver_path = cfg.table_path("silver", cfg.silver_table)
-
-    def preflight(selected):
-        if "silver" not in selected and not is_delta_table(silver_path):
-            raise JobError(f"silver table {silver_path} does not exist yet: run `make run-silver` first")
-
     flow = Flow(query_name(cfg, chosen), "gold", lambda spark: start_query(spark, cfg, chosen, suites))
-    return Layer("gold", "silver", (flow,), preflight=preflight,
+    return Layer("gold", "silver", (flow,), reads_table=cfg.table_path("silver", cfg.silver_table),
                  prepare=lambda spark: prepare_gold(spark, cfg, chosen),
                  validate=lambda: load_suites(cfg.gold.expectations),
                  describe=f"silver.{cfg.silver_table} -> {', '.join(f'gold.{t.table}' for t in chosen)}")

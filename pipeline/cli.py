@@ -43,32 +43,24 @@ def parser(prog: str = "pipeline", layer: str | None = None) -> argparse.Argumen
     return p
 
 
-def environment(args, base) -> dict:
-    env = dict(base)
-    if args.trigger:
-        env["TRIGGER"] = args.trigger
-    if args.interval:
-        env["TRIGGER_INTERVAL"] = args.interval
-    if getattr(args, "source", None):
-        env["SOURCE"] = args.source
-    return env
+# flag -> the config key it sets (flag > environment > profile > file)
+FLAG_KEYS = {"trigger": "streaming.trigger", "interval": "streaming.trigger_interval", "source": "bronze.source"}
 
 
-def declare(cfg, layers, only=None):
-    """The Layer specs of the selected layers, in pipeline order."""
-    from bronze.job import layer as bronze
-    from gold.job import layer as gold
-    from silver.job import layer as silver
+def overrides(args) -> dict:
+    """The config values the flags given set, each naming its flag (a bad value is reported
+    "(value from command-line flag --interval)"). The process environment is left alone."""
+    from common.config import Override
 
-    builders = {"bronze": bronze, "silver": silver, "gold": lambda c: gold(c, only)}
-    return [builders[name](cfg) for name in ORDER if name in layers]
+    return {key: Override(getattr(args, flag), f"command-line flag --{flag}")
+            for flag, key in FLAG_KEYS.items() if getattr(args, flag, None)}
 
 
 def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | None = None) -> int:
     from common.config import ConfigError, load_config
     from common.log import configure
     from common.quality import SuiteError
-    from pipeline.runner import Runner
+    from pipeline.runner import Runner, declare
 
     args = parser(prog or (f"{layer}.job" if layer else "pipeline"), layer).parse_args(argv)
     configure()
@@ -76,12 +68,12 @@ def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | 
     layers = ORDER if chosen == "all" else (chosen,)
     only = set(args.only.split(",")) if getattr(args, "only", None) else None
     try:
-        cfg = load_config(env=environment(args, os.environ if env is None else env))
+        cfg = load_config(env=env, overrides=overrides(args))
         if spark is None:
             from common.spark import prelaunch_jvm
 
             prelaunch_jvm(cfg)       # while the layers are declared and their checkpoints locked
-        specs = declare(cfg, layers, only)
+        specs = declare(cfg, layers, {"gold": {"only": only}})
     except (ConfigError, SuiteError) as e:
         log.error(str(e))
         return 2

@@ -207,6 +207,46 @@ def downstream(layers: list[Layer], name: str) -> set[str]:
     return hit
 
 
+def preflight(layers: list[Layer]) -> None:
+    """Before Spark starts, layer by layer: the table it reads, when the layer writing that one
+    is not selected too, must be there; then the layer's own checks. Raises JobError."""
+    from common.errors import JobError
+    from common.storage import is_delta_table
+
+    selected = {layer.name for layer in layers}
+    for layer in layers:
+        if layer.reads_table and layer.reads not in selected and not is_delta_table(layer.reads_table):
+            raise JobError(f"{layer.reads} table {layer.reads_table} does not exist yet: "
+                           f"run `make run-{layer.reads}` first")
+        layer.preflight()
+
+
+def declare(cfg, names, options: dict[str, dict] | None = None) -> list[Layer]:
+    """The Layers of the named layers, in pipeline order. `options`: layer name -> keyword
+    arguments of its `layer()` (bronze: source; silver: suite; gold: only, suites)."""
+    from bronze.job import layer as bronze
+    from gold.job import layer as gold
+    from silver.job import layer as silver
+
+    builders = {"bronze": bronze, "silver": silver, "gold": gold}
+    options = options or {}
+    return [builders[name](cfg, **options.get(name, {})) for name in ORDER if name in names]
+
+
+def start(spark, cfg, name: str, **options) -> list:
+    """One layer's queries started on `spark` the way a run starts them (preflight, its checks,
+    its tables), for tests and benches that drive queries themselves: returns the started
+    queries, which the caller awaits or stops. No checkpoint lock, no supervision, no recovery:
+    that is `Runner`. `options` go to the layer's `layer()` (see declare)."""
+    layers = declare(cfg, [name], {name: options})
+    preflight(layers)
+    for layer in layers:
+        layer.validate()
+        layer.prepare_alone(spark)
+        layer.prepare(spark)
+    return [flow.start(spark).query for layer in layers for flow in layer.flows]
+
+
 class Runner:
     def __init__(self, cfg, layers: list[Layer], spark=None):
         self.cfg, self.layers = cfg, layers
@@ -237,10 +277,8 @@ class Runner:
         from common.errors import JobError
 
         try:
-            selected = {layer.name for layer in self.layers}
             with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]):
-                for layer in self.layers:
-                    layer.preflight(selected)
+                preflight(self.layers)
                 self.validation = Validation(self.layers)
                 return self._run_locked()
         except JobError as e:

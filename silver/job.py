@@ -18,8 +18,6 @@ from common.delta import change_feed, ensure_table, idempotent_append, table_ver
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
-from common.storage import is_delta_table
-from common.errors import JobError
 from common.streaming import trigger
 from common.flow import Flow, Layer, Started
 from common.lineage import read_nothing
@@ -173,15 +171,6 @@ def progress_counts(progress: dict) -> dict:
     return {**counts, **accounting.state_drops(progress)}
 
 
-def start(spark, cfg, suite=None):
-    """Start the silver query (each batch records its own ops.batch_accounting row)."""
-    bronze_path = cfg.table_path("bronze", "events")
-    if not is_delta_table(bronze_path):
-        raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
-    ensure_tables(spark, cfg)
-    return start_query(spark, cfg, suite or silver_suite(cfg)).query
-
-
 def start_query(spark, cfg, suite):
     """The silver query on tables that exist (the runner prepares them once, before)."""
     bronze_path = cfg.table_path("bronze", "events")
@@ -209,16 +198,13 @@ def silver_suite(cfg, gx: bool = True):
     return suites[name]
 
 
-def layer(cfg) -> Layer:
-    suite = silver_suite(cfg, gx=False)     # a bad suite fails here or in validate, before any query
-    bronze_path = cfg.table_path("bronze", "events")
-
-    def preflight(selected):
-        if "bronze" not in selected and not is_delta_table(bronze_path):
-            raise JobError(f"bronze table {bronze_path} does not exist yet: run `make run-bronze` first")
-
+def layer(cfg, suite=None) -> Layer:
+    """Silver, gated by `suite` (default: the profile's suite in conf silver.expectations)."""
+    # A bad suite fails here or in validate, before any query.
+    suite = suite or silver_suite(cfg, gx=False)
     return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite)),),
-                 preflight=preflight, prepare=lambda spark: ensure_tables(spark, cfg, dimension=False),
+                 reads_table=cfg.table_path("bronze", "events"),
+                 prepare=lambda spark: ensure_tables(spark, cfg, dimension=False),
                  prepare_alone=lambda spark: seed_dimension(spark, cfg),
                  validate=lambda: silver_suite(cfg),
                  describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})")

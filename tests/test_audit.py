@@ -66,19 +66,17 @@ ROUNDS = [
 
 
 def run_round(spark, cfg, n: int, lines: list[str]) -> None:
-    from bronze.job import start as start_bronze
-    from gold.job import start as start_gold
-    from silver.job import start as start_silver
+    from pipeline.runner import start
 
     landing = Path(cfg.landing)
     landing.mkdir(parents=True, exist_ok=True)
     tmp = landing / f".round-{n}.tmp"
     tmp.write_text("\n".join(lines) + "\n")
     tmp.rename(landing / f"round-{n}.json")
-    start_bronze(spark, cfg, "files").awaitTermination()
-    start_silver(spark, cfg).awaitTermination()
-    for query in start_gold(spark, cfg, suites={}):  # gold's quality gate is not what is audited here
-        query.awaitTermination()
+    # gold's quality gate is not what is audited here
+    for name, options in (("bronze", {"source": "files"}), ("silver", {}), ("gold", {"suites": {}})):
+        for query in start(spark, cfg, name, **options):
+            query.awaitTermination()
 
 
 def lakehouse_config(root: Path):

@@ -21,9 +21,9 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from tools.generator import events as gen
-from bronze.job import start
 from common.config import load_config
 from common.log import message_of
+from pipeline.runner import start
 
 REPO = Path(__file__).resolve().parent.parent
 # The project's shared/ folder sits beside the repository (as in CI); SHARED_DATASETS overrides.
@@ -77,7 +77,7 @@ def kafka_env(env: dict, broker, **extra: str) -> dict:
 
 
 def ingest(spark, cfg, source: str) -> None:
-    query = start(spark, cfg, source)
+    query, = start(spark, cfg, "bronze", source=source)
     query.awaitTermination()  # raises if the query failed
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -196,3 +197,34 @@ def test_another_librarys_info_lines_stay_out_even_when_it_sets_its_own_level(en
     assert proc.returncode == 0, proc.stderr
     assert "ephemeral" not in proc.stdout + proc.stderr
     assert "a real warning" in proc.stderr and log.message_of(proc.stdout.strip()) == "ours"
+
+
+def test_run_flags_are_config_overrides_and_leave_the_environment_alone(monkeypatch, caplog):
+    """--trigger/--interval/--source reach the loader as overrides: they beat the environment,
+    which is only read, and a bad value is reported naming the flag."""
+    from common.config import ConfigError, load_config
+    from pipeline import cli as pipeline_cli
+
+    monkeypatch.setenv("TRIGGER", "available-now")
+    monkeypatch.setenv("TRIGGER_INTERVAL", "3 seconds")
+    monkeypatch.delenv("SOURCE", raising=False)
+    before = dict(os.environ)
+    args = pipeline_cli.parser().parse_args(["--trigger", "processing-time", "--interval", "7 seconds",
+                                             "--source", "kafka"])
+    cfg = load_config(overrides=pipeline_cli.overrides(args))
+    assert dict(os.environ) == before
+    assert cfg.streaming.trigger == "processing-time" and cfg.bronze.source == "kafka"
+    assert cfg.streaming.trigger_interval.seconds == 7 and cfg.streaming_interval_forced
+    assert load_config(overrides=pipeline_cli.overrides(pipeline_cli.parser().parse_args([]))).streaming.trigger \
+        == "available-now"                                # no flag: the environment's value
+
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=pipeline_cli.overrides(pipeline_cli.parser().parse_args(["--interval", "soon"])))
+    assert "key 'streaming.trigger_interval': bad duration 'soon'" in str(err.value)
+    assert str(err.value).endswith("(value from command-line flag --interval)"), str(err.value)
+
+    # The whole command: exit 2 before Spark starts, the same message, the environment as it was.
+    with caplog.at_level(logging.ERROR, logger="pipeline.cli"):
+        assert pipeline_cli.main(["--layer", "silver", "--interval", "soon"]) == 2
+    assert any(r.getMessage().endswith("(value from command-line flag --interval)") for r in caplog.records)
+    assert dict(os.environ) == before

@@ -89,6 +89,19 @@ def test_bad_environment_value_names_the_variable():
         load_config(env=clean_env(LAKEHOUSE__GOLD__NOPE="1"))
 
 
+def test_overrides_beat_the_environment_and_name_their_origin():
+    from common.config import Override
+
+    env = clean_env(TRIGGER="processing-time", LAKEHOUSE__GOLD__STATS_TO_KAFKA="true")
+    cfg = load_config(env=env, overrides={"streaming.trigger": "available-now", "kafka.port": 9999})
+    assert cfg.streaming.trigger == "available-now" and cfg.kafka.port == 9999
+    assert cfg.gold.stats_to_kafka                                  # the environment still applies
+    with pytest.raises(ConfigError, match=r"key 'kafka.port': .* \(value from override 'kafka.port'\)$"):
+        load_config(env=env, overrides={"kafka.port": "x"})
+    with pytest.raises(ConfigError, match=r"key 'gold.nope': unknown key .* \(value from my flag\)$"):
+        load_config(env=env, overrides={"gold.nope": Override("1", "my flag")})
+
+
 @pytest.mark.parametrize("text,seconds", [("30s", 30), ("10 minutes", 600), ("1 hour", 3600),
                                           ("1.5 h", 5400), ("250 ms", 0.25), ("2 days", 172800)])
 def test_durations(text, seconds):

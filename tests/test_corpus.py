@@ -288,9 +288,8 @@ def test_duplicates_and_late_events_are_counted_per_run(files_run):
 def kafka_run(spark, tmp_path_factory, kafka_broker):
     from confluent_kafka import Producer
 
-    from bronze.job import start as start_bronze
     from common.kafka import ensure_topic
-    from silver.job import start as start_silver
+    from pipeline.runner import start
 
     topic = f"corpus-{uuid.uuid4().hex[:10]}"
     env = isolated_env(tmp_path_factory.mktemp("corpus-kafka"), SOURCE="kafka",
@@ -309,8 +308,9 @@ def kafka_run(spark, tmp_path_factory, kafka_broker):
             producer.produce(topic, value=value, key=key, partition=0)
             producer.flush(30)   # one at a time: offsets follow the corpus order
             sent.append((kind, i, key, value))
-    start_bronze(spark, cfg, "kafka").awaitTermination()   # raises if the query failed
-    start_silver(spark, cfg).awaitTermination()
+    for name, options in (("bronze", {"source": "kafka"}), ("silver", {})):
+        for query in start(spark, cfg, name, **options):
+            query.awaitTermination()   # raises if the query failed
     bronze = {r.kafka_offset: (None if r.raw is None else bytes(r.raw), None if r.key is None else bytes(r.key))
               for r in table(spark, cfg, "bronze", "events").select(
                   "kafka_offset", as_binary().alias("raw"), as_binary("kafka_key", "kafka_key_bytes").alias("key"))

@@ -31,9 +31,10 @@ from common.lineage import batch_watermark_ms, parse, read_nothing
 from common.errors import JobError
 from common.spark import NO_DATA_BATCHES
 from gold import sessions as S
-from gold.job import GoldBatch, start
+from gold.job import GoldBatch
 from gold.kinds import EVENT
 from gold.tables import gold_tables
+from pipeline.runner import start
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 T0_MS = int(T0.timestamp() * 1000)
@@ -133,7 +134,7 @@ def run_gold(spark, cfg, only=None, suites=None, no_data_batch=True) -> dict[str
     previous = spark.conf.get(NO_DATA_BATCHES)
     spark.conf.set(NO_DATA_BATCHES, str(no_data_batch).lower())
     try:
-        queries = start(spark, cfg, only=only, suites=suites)
+        queries = start(spark, cfg, "gold", only=only, suites=suites)
     finally:
         spark.conf.set(NO_DATA_BATCHES, previous)
     try:
@@ -601,12 +602,12 @@ def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_
     copy = copy_lakehouse(cfg, tmp_path)
     try:
         with pytest.raises(JobError) as other:
-            start(spark, copy, only={"sightings"})
+            start(spark, copy, "gold", only={"sightings"})
         assert "written by query gold " in str(other.value) and "make reset-gold" in str(other.value)
         assert not Path(copy.checkpoint(ONLY["sightings"])).exists()
         spark.sql(f"RESTORE TABLE delta.`{copy.table_path('gold', 'device_activity')}` TO VERSION AS OF 1")
         with pytest.raises(JobError) as restored:
-            start(spark, copy)
+            start(spark, copy, "gold")
         assert "gold.device_activity was changed outside the pipeline (RESTORE at version" in str(restored.value)
 
         assert reset_gold(["--yes"], cfg=copy) == 0
@@ -634,7 +635,7 @@ def test_a_table_new_to_a_running_checkpoint_is_refused_not_started_without_hist
     shutil.rmtree(copy.table_path("gold", "zip_daily_devices"))     # as before the profile had it
     try:
         with pytest.raises(JobError) as new:
-            start(spark, copy)
+            start(spark, copy, "gold")
         message = str(new.value)
         assert "gold.zip_daily_devices is new" in message and "miss every earlier event" in message
         assert "make reset-gold" in message
@@ -927,7 +928,7 @@ def feed_gold(spark, cfg, first: list[dict], *steps) -> list[dict]:
     progress."""
     append_silver(spark, cfg, first)
     fed = [first]
-    (query,) = start(spark, cfg)
+    (query,) = start(spark, cfg, "gold")
     try:
         query.processAllAvailable()
         for step in steps:
@@ -1214,7 +1215,7 @@ def test_sightings_published_to_compacted_kafka_topic(spark, env, kafka_broker, 
 
 def test_missing_silver_is_a_clear_error(spark, cfg):
     with pytest.raises(JobError) as err:
-        start(spark, cfg)
+        start(spark, cfg, "gold")
     assert "make run-silver" in str(err.value)
     assert cfg.table_path("silver", "camera_events") in str(err.value)
     assert not Path(cfg.table_path("gold", "zip_hourly_sightings")).exists()

@@ -15,7 +15,8 @@ from common.config import load_config
 from common.errors import KeptFailure
 from common.flow import Flow, Layer, Started
 from common.quality import Outcome, Rule, raise_on_failures
-from pipeline.runner import Runner, downstream
+from common.errors import JobError
+from pipeline.runner import Runner, declare, downstream, preflight
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,6 +65,22 @@ def test_downstream_follows_the_chain_of_reads(continuous):
     assert downstream(layers, "silver") == {"silver", "gold"}
     assert downstream(layers, "bronze") == {"bronze", "silver", "gold"}
     assert downstream(layers, "gold") == {"gold"}
+
+
+def test_a_layer_whose_input_table_is_missing_is_refused_unless_its_writer_runs_too(env, tmp_path):
+    """One check for every layer, from what each declares it reads."""
+    cfg = load_config(env=dict(env, LAKEHOUSE_ROOT=str(tmp_path / "lakehouse")))
+    bronze, silver, gold = declare(cfg, ("bronze", "silver", "gold"))
+    assert (silver.reads, silver.reads_table) == ("bronze", cfg.table_path("bronze", "events"))
+    assert (gold.reads, gold.reads_table) == ("silver", cfg.table_path("silver", "camera_events"))
+    for layers, missing in (([silver], "bronze"), ([gold], "silver"), ([silver, gold], "bronze")):
+        with pytest.raises(JobError) as err:
+            preflight(layers)
+        table = cfg.table_path(missing, "events" if missing == "bronze" else "camera_events")
+        assert str(err.value) == (f"{missing} table {table} does not exist yet: "
+                                  f"run `make run-{missing}` first")
+    cfg.landing.mkdir(parents=True)
+    preflight([bronze, silver, gold])          # each table is written before it is read
 
 
 def test_a_fail_expectation_stops_its_layer_and_what_reads_it_upstream_runs_on(spark, continuous, logged):

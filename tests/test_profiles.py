@@ -40,14 +40,11 @@ def profile_env(root: Path, profile: str, **extra: str) -> dict[str, str]:
 
 def run_pipeline(spark, cfg) -> None:
     """bronze -> silver -> gold in this process, each available-now, as `make run-all` chains them."""
-    from bronze.job import start as start_bronze
-    from gold.job import start as start_gold
-    from silver.job import start as start_silver
+    from pipeline.runner import start
 
-    start_bronze(spark, cfg, "files").awaitTermination()
-    start_silver(spark, cfg).awaitTermination()
-    for query in start_gold(spark, cfg):
-        query.awaitTermination()
+    for name, options in (("bronze", {"source": "files"}), ("silver", {}), ("gold", {})):
+        for query in start(spark, cfg, name, **options):
+            query.awaitTermination()
 
 
 def forget(spark, cfg) -> None:

@@ -46,9 +46,7 @@ def write(landing, name: str, data: bytes) -> None:
 
 def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(spark, env, cfg):
     # `cfg` is asked for its teardown: it forgets this test's table names.
-    from bronze.job import start as start_bronze
-    from gold.job import start as start_gold
-    from silver.job import start as start_silver
+    from pipeline.runner import start
 
     live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second"})
     live.locations_csv.parent.mkdir(parents=True, exist_ok=True)
@@ -56,11 +54,11 @@ def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(sp
     live.landing.mkdir(parents=True)
     write(live.landing, "before.jsonl", BEFORE)
 
-    bronze_q = start_bronze(spark, live, "files")
+    bronze_q, = start(spark, live, "bronze", source="files")
     silver_q = None
     try:
         bronze_q.processAllAvailable()
-        silver_q = start_silver(spark, live)
+        silver_q, = start(spark, live, "silver")
         silver_q.processAllAvailable()
         first_batch = silver_q.lastProgress["batchId"]
 
@@ -98,7 +96,7 @@ def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(sp
 
     # Gold: the drifted events are counted like any other.
     gold_cfg = load_config(env={**env, "TRIGGER": "available-now"})
-    for query in start_gold(spark, gold_cfg, only={"sightings", "activity"}):
+    for query in start(spark, gold_cfg, "gold", only={"sightings", "activity"}):
         query.awaitTermination()
     sightings = {(r.zip_code, r.hour): r.sightings for r in read("gold", "zip_hourly_sightings")
                  .selectExpr("zip_code", "date_format(window_start, 'HH:mm') AS hour", "sightings").collect()}

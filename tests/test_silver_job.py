@@ -3,7 +3,7 @@ ops.dq_results and ops.batch_accounting, with checkpoints under cfg.checkpoint_r
 
 Bronze rows are appended to the bronze Delta table directly (no bronze job) so each test says
 exactly what every micro-batch holds; an append followed by another available-now run of
-`silver.job.start` is a new micro-batch on the same checkpoint.
+silver (started through `pipeline.runner.start`) is a new micro-batch on the same checkpoint.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ from common.quality import load_suites
 from tests.support.bronze_rows import bronze_row as support_bronze_row
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.spark import NO_DATA_BATCHES
+from pipeline.runner import start
 from silver import job as silver_job
 from silver import transform as T
-from silver.job import QUERY, SilverBatch, start
+from silver.job import QUERY, SilverBatch
 from silver.locations import seed
 
 TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
@@ -90,7 +91,7 @@ def run_silver(spark, cfg, suite=None, no_data_batch: bool | None = None) -> lis
     if no_data_batch is not None:
         spark.conf.set(NO_DATA_BATCHES, str(no_data_batch).lower())
     try:
-        query = start(spark, cfg, suite)
+        query, = start(spark, cfg, "silver", suite=suite)
     finally:
         spark.conf.set(NO_DATA_BATCHES, previous)
     query.awaitTermination()
@@ -336,7 +337,7 @@ def test_a_retried_micro_batch_writes_nothing_twice(spark, stream, monkeypatch):
     monkeypatch.setattr(silver_job, "idempotent_append", spy)
     monkeypatch.setattr(common_delta, "idempotent_append", spy)    # the quality gate's ops writes
 
-    # The foreachBatch body as start() builds it, fed batch 0 again (bronze as it was then),
+    # The foreachBatch body as the silver flow builds it, fed batch 0 again (bronze as it was then),
     # as Spark does when a batch is retried after a crash between the writes and the commit.
     # Outside a running query there are no Spark metrics to account; the replayed accounting
     # row is covered by test_a_batch_replayed_after_a_crash_before_its_commit_is_accounted_once.
@@ -480,7 +481,7 @@ def test_a_locations_update_applies_to_later_batches_of_a_running_query(spark, c
     live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second"})
     write_locations(live.locations_csv)
     append_bronze(spark, live, [record(camera("cam-x001", at("10:00")), camera("cam-0001", at("10:00")))])
-    query = start(spark, live)
+    query, = start(spark, live, "silver")
     try:
         query.processAllAvailable()
         assert seed(spark, live, write_locations(tmp_path / "more.csv",
@@ -506,7 +507,6 @@ def test_a_locations_update_applies_to_later_batches_of_a_running_query(spark, c
 
 def test_generated_data_end_to_end(spark, cfg, env, tmp_path, monkeypatch):
     from tools.generator import events as gen
-    from bronze.job import start as start_bronze
 
     for var in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR"):
         monkeypatch.delenv(var, raising=False)
@@ -517,7 +517,8 @@ def test_generated_data_end_to_end(spark, cfg, env, tmp_path, monkeypatch):
     m = json.loads(manifest_path.read_text())
     assert m["duplicates"] > 0 and m["late"] > 0 and m["malformed"] >= 7
 
-    start_bronze(spark, cfg, "files").awaitTermination()
+    bronze, = start(spark, cfg, "bronze", source="files")
+    bronze.awaitTermination()
     assert table(spark, cfg, "bronze", "events").count() == m["records"]
     batches = run_silver(spark, cfg)
 

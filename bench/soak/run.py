@@ -28,8 +28,7 @@ from common.flow import ORDER
 from common.log import LogToFile
 from common.spark import build_spark
 from common.streaming import interval
-from pipeline.cli import declare
-from pipeline.runner import Runner
+from pipeline.runner import Runner, declare
 from tools.generator.events import Params, write_locations
 
 STARTUP_TIMEOUT_S = 300
