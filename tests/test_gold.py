@@ -756,6 +756,39 @@ def test_a_windowed_merge_skips_the_files_of_windows_the_batch_did_not_change(sp
     assert "parquet" in str(failed.value) and ("not exist" in str(failed.value) or "FileNotFound" in str(failed.value))
 
 
+def test_a_tables_entry_is_checked_by_its_kind_and_errors_name_the_entry(tmp_path):
+    """A profile's `tables:` entry names its kind; an unknown kind, a key the kind does not
+    know, a column silver does not have, or a second stateful table is refused at start, with
+    the file and the entry."""
+    from common.config import ConfigError
+    from common.profile import ProfileError
+
+    nest = (Path(__file__).resolve().parent.parent / "conf" / "profiles" / "nest.yaml").read_text()
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+
+    def declared(name: str, old: str, new: str):
+        assert old in nest
+        (folder / f"{name}.yaml").write_text(nest.replace(old, new))
+        cfg = load_config(env={"PROFILE": name, "PROFILES_DIR": str(folder), "LAKEHOUSE_ROOT": str(tmp_path)})
+        return gold_tables(cfg)
+
+    with pytest.raises(ConfigError) as unknown:
+        declared("unknown", "kind: distinct ", "kind: median ")
+    assert "tables.0.kind" in str(unknown.value) and "unknown kind 'median'" in str(unknown.value)
+    assert "distinct" in str(unknown.value) and "windowed" in str(unknown.value)
+    with pytest.raises(ProfileError) as key:
+        declared("key", "    count: devices\n", "    count: devices\n    distinct_by: zip\n")
+    assert "tables.0" in str(key.value) and "distinct_by" in str(key.value)
+    with pytest.raises(ProfileError) as column:
+        declared("column", "value: device_id\n", "value: camera\n")
+    assert "key 'value'" in str(column.value) and "'camera'" in str(column.value)
+    second = "    count: devices\n  - {kind: sessions, table: more_sessions, key: device_id, gap: 1 hour}\n"
+    with pytest.raises(ConfigError) as stateful:
+        declared("stateful", "    count: devices\n", second)
+    assert "device_sessions, more_sessions" in str(stateful.value)
+
+
 def test_measures_that_cannot_be_folded_are_refused(tmp_path):
     """A profile measure gold cannot fold batch by batch is a configuration error at start."""
     from common.config import ConfigError
