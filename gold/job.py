@@ -99,20 +99,22 @@ class GoldBatch(MicroBatch):
         return ctx.replay and appended(self.spark, self.paths[spec.table], batch_key(ctx), ctx.batch_id,
                                        ctx.lineage.get("query_id"))
 
-    def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None) -> tuple | None:
+    def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None,
+             cached: list) -> tuple | None:
         """The table's update for the batch, cached, and its sizes; None if already written."""
         if self.written(spec, ctx):
             return None
         path = self.paths[spec.table]
         current = lambda: DeltaTable.forPath(self.spark, path).toDF() if live_files(self.spark, path) else None  # noqa: E731
         rows = spec.updates(batch, current, ctx.lineage["watermark_ms"], earliest).persist()
+        cached.append(rows)          # released by write(), also when another table's fold fails
         return (spec, rows, *spec.sizes(rows))
 
     def write(self, batch: DataFrame, ctx: BatchContext) -> dict:
         cfg, lineage = self.cfg, ctx.lineage
         watermark = lineage["watermark_ms"]
         batch.persist()
-        changed: list[tuple] = []
+        cached: list[DataFrame] = []
         try:
             # A batch that brought no on-time event writes nothing: a no-data batch (it only
             # moved the watermark), one over silver commits that changed no data (a compaction)
@@ -130,7 +132,7 @@ class GoldBatch(MicroBatch):
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
             # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
             # jobs are small, and one at a time the driver's part of each was most of a batch.
-            folded = together(*[(lambda spec=spec: self.fold(spec, batch, ctx, seen["earliest"]))
+            folded = together(*[(lambda spec=spec: self.fold(spec, batch, ctx, seen["earliest"], cached))
                                 for spec in self.tables])
             changed = [f for f in folded if f is not None]
             gated = [(self.gates[spec.table], T.quality_view(spec.live(touched(rows)), cfg.profile.dimension), live)
@@ -153,7 +155,7 @@ class GoldBatch(MicroBatch):
             self.stale_behind = False
             return committed
         finally:
-            for _, rows, *_ in changed:
+            for rows in cached:
                 rows.unpersist()
             batch.unpersist()
 
