@@ -15,6 +15,11 @@ SELECT device_id, zip_code, session_start, session_end, round(duration_seconds /
        events, person_events, status
 FROM gold.device_sessions ORDER BY duration_seconds DESC LIMIT 5;
 
+-- Distinct cameras per zip code per day (exact: each row keeps the set of ids it counts)
+SELECT window_start AS day, zip_code, devices, finalized
+FROM gold.zip_daily_devices WHERE zip_code IS NOT NULL
+ORDER BY devices DESC, day, zip_code LIMIT 5;
+
 -- Where every bronze record went in silver (summed over all micro-batches)
 SELECT query, sum(records_in) AS records_in, sum(events_parsed) AS events_parsed,
        sum(events_written) AS events_written, sum(events_quarantined) AS quarantined,
@@ -22,7 +27,7 @@ SELECT query, sum(records_in) AS records_in, sum(events_parsed) AS events_parsed
 FROM ops.batch_accounting WHERE layer = 'silver' GROUP BY query ORDER BY query;
 
 -- What gold read from silver and wrote: its units are silver events in and gold rows changed
--- (over the three tables), so it has a statement of its own rather than NULLs in silver's columns
+-- (over all its tables), so it has a statement of its own rather than NULLs in silver's columns
 SELECT query, count(*) AS batches, sum(rows_in) AS events_read, sum(late_dropped) AS late,
        sum(rows_written) AS rows_written
 FROM ops.batch_accounting WHERE layer = 'gold' GROUP BY query ORDER BY query;
