@@ -187,11 +187,9 @@ class Profile(Spec):
 
     @model_validator(mode="after")
     def _columns_exist(self):
-        p, columns = self.parse, {f.name for f in self.parse.fields} | {k for k, _ in self.parse.derived}
-        if self.dimension:
-            if self.dimension.key not in {f.name for f in p.fields}:
-                invalid("dimension", "key", f"'{self.dimension.key}' is not a declared field")
-            columns |= {*self.dimension.columns, self.dimension.flag}
+        columns = self.columns
+        if self.dimension and self.dimension.key not in {f.name for f in self.parse.fields}:
+            invalid("dimension", "key", f"'{self.dimension.key}' is not a declared field")
         uses = [(("aggregations", i, "group"), a.group) for i, a in enumerate(self.aggregations)]
         if self.sessions:
             uses += [(("sessions", "key"), (self.sessions.key,)), (("sessions", "latest"), self.sessions.latest)]

@@ -21,6 +21,8 @@ from typing import Any, Callable, ClassVar
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from common.profile import ProfileError
+from common.spec import load
 from gold.transform import CLOSING   # noqa: F401 - a row an update carries only because the watermark closed it
 
 EVENT, SESSION = "event", "session"   # the two kinds of row a gold micro-batch hands over
@@ -61,17 +63,12 @@ class Declaring:
     def entry(self, spec_class, entry: Any):
         """A `tables:` entry (a mapping) validated by the kind's spec class, or a spec already
         validated by the profile (its `aggregations:` and `sessions:`)."""
-        from common.profile import ProfileError
-        from common.spec import load
-
         if not isinstance(entry, dict):
             return entry
         return load(spec_class, {k: v for k, v in entry.items() if k != "kind"}, self.where, ProfileError)
 
     def column(self, key: str, name: str) -> str:
         if name not in self.columns:
-            from common.profile import ProfileError
-
             raise ProfileError(f"{self.where}: key '{key}': '{name}' is neither a field, a derived "
                                "column nor a dimension column")
         return name
