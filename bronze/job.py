@@ -10,11 +10,13 @@ import time
 
 from pyspark.errors import StreamingQueryException
 
+from common import accounting
 from common.accounting import executed_batches
-from common.batch import QueryBody
-from common.delta import ensure_table, idempotent_append
+from common.batch import BatchContext, MicroBatch, together
+from common.delta import ensure_table
 from common.errors import JobError, caused_by
 from common.flow import Flow, Layer, Recovery, Started
+from common.outputs import Append, Result
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.streaming import trigger
 
@@ -22,6 +24,7 @@ log = logging.getLogger(__name__)
 
 BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length LONG, content BINARY"
 QUERY_NAME = {"files": "bronze_files", "kafka": "bronze_kafka"}
+INPUT_METRICS = "bronze_input"
 
 
 def preflight(cfg, source: str) -> None:
@@ -80,37 +83,48 @@ def kafka_stream(spark, cfg):
     return rows_from_kafka(raw)
 
 
-def prepare(spark, cfg) -> str:
-    return ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION)
+def prepare(spark, cfg) -> None:
+    """Bronze's table and the accounting table its batches book in: independent, side by side."""
+    together(lambda: ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION),
+             lambda: accounting.ensure_accounting(spark, cfg))
 
 
-class BronzeAppend(QueryBody):
+class BronzeBatch(MicroBatch):
     """foreachBatch body of bronze: the batch's rows appended once, keyed by (query, batch id),
-    with its lineage. Delta's own streaming sink keys its commits the same way but looks the key
-    up in the table's state before every batch, which Delta 4.4 rebuilds for each new version:
-    1-2 s of a cold first batch, 0.3-0.4 s of every later one. Here only a batch replayed after
-    a crash looks for its earlier commit (common.delta.idempotent_append), which makes the
-    file/Kafka -> bronze path exactly once."""
+    with its lineage (the source and its offsets) and an accounting row. Delta's own streaming
+    sink keys its commits the same way but looks the key up in the table's state before every
+    batch, which Delta 4.4 rebuilds for each new version: 1-2 s of a cold first batch, 0.3-0.4 s
+    of every later one. Here only a batch replayed after a crash looks for its earlier commit
+    (common.delta.idempotent_append), which makes the file/Kafka -> bronze path exactly once.
+    Bronze counts no row itself: the append's own job observes them (INPUT_METRICS), and the
+    accounting row waits for that job only (MicroBatch.counted_by)."""
 
     layer = "bronze"
+    counted_by = "events"
 
-    def __init__(self, cfg, query: str):
-        super().__init__(cfg, query)
-        self.path = cfg.table_path("bronze", "events")
+    def __init__(self, spark, cfg, query: str, source: str, books):
+        super().__init__(spark, cfg, query, None, {}, books,
+                         outputs=(Append("events", cfg.table_path("bronze", "events")),), source=source)
 
-    def __call__(self, df, batch_id: int) -> None:
-        from common.lineage import PIPELINE
+    def compute(self, df, ctx: BatchContext) -> Result:
+        return Result({"events": df}, {})
 
-        self.in_pool(df.sparkSession)
-        lineage = {"pipeline": PIPELINE, "query": self.query, "query_id": self.query_id, "batch_id": batch_id}
-        idempotent_append(df, self.path, self.app_id, batch_id, lineage, self.replay(batch_id))
+
+def progress_counts(progress: dict) -> dict:
+    # Bronze keeps every row it reads: what it read is what it wrote.
+    rows = int(accounting.observed(progress, INPUT_METRICS).get("rows") or 0)
+    return {"rows_in": rows, "rows_written": rows}
 
 
 def start_query(spark, cfg, source: str):
+    from pyspark.sql import functions as F
+
     rows = file_stream(spark, cfg) if source == "files" else kafka_stream(spark, cfg)
     name = QUERY_NAME[source]
-    body = BronzeAppend(cfg, name)
-    return Started(rows.writeStream.foreachBatch(body).queryName(name)
+    books = accounting.Accounting(spark, cfg, "bronze", cfg.checkpoint(name), progress_counts)
+    body = BronzeBatch(spark, cfg, name, source, books)
+    return Started(rows.observe(INPUT_METRICS, F.count(F.lit(1)).alias("rows"))
+                   .writeStream.foreachBatch(body).queryName(name)
                    .option("checkpointLocation", cfg.checkpoint(name))
                    .trigger(**trigger(cfg, "bronze"))
                    .start(), body)
@@ -140,7 +154,7 @@ def _broker_unreachable(error: StreamingQueryException) -> bool:
 class KafkaRecovery(Recovery):
     """When the Kafka query fails because the broker is unreachable, wait for the broker (backoff
     from kafka.source) and restart the query from its checkpoint; bronze's appends keyed by batch
-    id (BronzeAppend) make the restart exactly once. Raises JobError once the broker has been unreachable for
+    id (BronzeBatch) make the restart exactly once. Raises JobError once the broker has been unreachable for
     kafka.source.max_outage with no batch completed in between."""
 
     def __init__(self, cfg):

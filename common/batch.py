@@ -1,26 +1,28 @@
-"""The foreachBatch scaffolding every layer shares; the layer supplies only `write`.
+"""The one foreachBatch body of every flow: a layer declares its outputs (common/outputs.py) and
+computes, per batch, the rows each gets; this runs the rest.
 
-Around the layer's own work, each micro-batch: runs its Spark jobs in the layer's FAIR pool,
+Around the layer's computation, each micro-batch: runs its Spark jobs in the layer's FAIR pool,
 knows its checkpoint's id (the app id prefix that makes its Delta appends idempotent), reads
-its lineage from the offset log, validates through the quality gate, and commits: the layer's
-writes, the gate's ops.dq_results rows and the batch's ops.batch_accounting row run at once,
-all before Spark commits the batch (a no-data batch that wrote no row has nothing to count and
-records none).
+its lineage from the offset log, runs the declared quality gates when the computation asks, and
+commits: the outputs' writes, the gates' ops.dq_results rows and the batch's
+ops.batch_accounting row run at once, all before Spark commits the batch (a no-data batch that
+wrote no row has nothing to count and records none), and the batch's caches are released.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
+from common.delta import TXN, commit_metadata
 from common.errors import KeptFailure
-from common.lineage import batch_lineage, checkpoint_query_id, last_logged_batch, read_nothing
-from common.quality import check
+from common.lineage import (batch_lineage, checkpoint_query_id, last_logged_batch, read_nothing,
+                            source_lineage)
+from common.outputs import Merge, Result
+from common.quality import check_tables
 
 
 WRITTEN = ("rows_written", "events_written", "events_quarantined")
-
-
-class Committed(dict):
-    """The counts a batch booked, as MicroBatch.commit returns them: proof that write() ran it."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,13 @@ class BatchContext:
     app_id: str              # "<query>-<checkpoint id>": the append key prefix of this query
     lineage: dict            # commit metadata of every write of this batch
     replay: bool = True      # its offsets were logged before this run: an attempt may have committed
+    cached: list = field(default_factory=list)   # released once the batch has committed (or failed)
+    gated: list = field(default_factory=list)    # the gates' runs, recorded beside the writes
+
+    def keep(self, df):
+        """`df` cached until the batch's writes are done: what they read is computed once."""
+        self.cached.append(df.persist())
+        return df
 
 
 class QueryBody:
@@ -66,45 +75,135 @@ class QueryBody:
 
 
 class MicroBatch(QueryBody):
-    """foreachBatch body: subclasses implement write(df, ctx), which ends every path with
-    `return self.commit(ctx, counts, *writes)` while what the writes read is still cached."""
+    """foreachBatch body of a flow. A layer subclasses it to declare `outputs` and implement
+    `compute(df, ctx) -> Result` (what each output gets, and the counts it knows); it writes
+    nothing itself. `upstream`: the Delta table the query reads, or `source` ("files", "kafka")
+    for a query reading outside the lakehouse. `gates`: output name -> QualityGate.
+    `counted_by`: the output whose write evaluates the batch when the accounting's counts are
+    the query's observed metrics alone (bronze counts no row itself: no job of its own)."""
 
-    def __init__(self, spark, cfg, query: str, upstream: str, gate, books):
+    outputs: tuple = ()
+    counted_by: str | None = None
+
+    def __init__(self, spark, cfg, query: str, upstream: str | None, gates: dict, books,
+                 outputs: tuple = (), source: str | None = None):
         super().__init__(cfg, query)
-        self.spark, self.upstream = spark, upstream
-        self.gate, self.books = gate, books
+        self.spark, self.upstream, self.source = spark, upstream, source
+        self.gates, self.books = gates or {}, books
+        self.outputs = tuple(outputs) or self.outputs
         self.dq_path = cfg.table_path("ops", "dq_results")
+
+    def lineage(self, batch_id: int) -> dict:
+        if self.source is not None:
+            return source_lineage(self.checkpoint, self.query, batch_id, self.source)
+        return batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
 
     def __call__(self, df, batch_id: int) -> None:
         self.in_pool(self.spark)
-        lineage = batch_lineage(self.checkpoint, self.query, batch_id, self.upstream)
-        ctx = BatchContext(batch_id, self.app_id, lineage, self.replay(batch_id))
+        ctx = BatchContext(batch_id, self.app_id, self.lineage(batch_id), self.replay(batch_id))
         with self.failure.keep():
-            committed = self.write(df, ctx)
-        if not isinstance(committed, Committed):
-            raise RuntimeError(f"{type(self).__name__}.write returned without commit() for batch {batch_id}")
+            try:
+                result = self.compute(df, ctx)
+                if not isinstance(result, Result):
+                    raise RuntimeError(f"{type(self).__name__}.compute returned {type(result).__name__} "
+                                       f"for batch {batch_id}, not a Result")
+                self.commit(df, ctx, result)
+            finally:
+                for cached in ctx.cached:
+                    cached.unpersist()
 
-    def write(self, df, ctx: BatchContext) -> dict:   # pragma: no cover - interface
+    def compute(self, df, ctx: BatchContext) -> Result:   # pragma: no cover - interface
         raise NotImplementedError
 
-    def commit(self, ctx: BatchContext, counts: dict, *writes) -> dict:
-        """Run the batch's writes (callables, None skipped) and its accounting row at once.
-        The counts are known before any write: the row needs none of them to finish, and every
-        write is idempotent per batch, so a crash between them is repaired by the replay. The
-        accounting row waits for nothing, so a batch costs its slowest write, not their sum."""
-        book = None
-        if any(counts.get(k) for k in WRITTEN) or not read_nothing(self.checkpoint, ctx.batch_id):
-            # (A watermark-only batch that wrote no row has no count to book: no ops commit.)
-            book = lambda: self.books.record(self.query, ctx.batch_id, lineage=ctx.lineage,  # noqa: E731
-                                             replay=ctx.replay, **counts)
-        together(*writes, book)
-        return Committed(counts)
+    def validate(self, ctx: BatchContext, *checked):
+        """Run the declared gates on (output name, df, rows or None) each, side by side; raise on
+        a `fail` rule (its results recorded). Outputs without a gate are not checked. Returns the
+        GateRun (None if nothing was checked), whose rows the commit records beside the writes."""
+        gated = [(self.gates[name], df, rows) for name, df, rows in checked if name in self.gates]
+        if not gated:
+            return None
+        run = check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
+                           ctx.lineage, ctx.replay)
+        ctx.gated.append(run)
+        return run
 
-    def validate(self, df, ctx: BatchContext, rows: int | None = None):
-        """Run the gate on df (`rows`: its count, if known); raise on a `fail` rule (its results
-        recorded). Returns the GateRun whose `record` the layer runs beside its writes."""
-        return check(self.gate, df, self.spark, self.dq_path, self.query, ctx.batch_id,
-                     ctx.app_id, ctx.lineage, rows, ctx.replay)
+    def commit(self, df, ctx: BatchContext, result: Result) -> dict:
+        """Run the outputs' writes, the gates' records and the accounting row at once. The counts
+        are known before any write (or observed by the one write that evaluates the batch), and
+        every write is idempotent per batch, so a crash between them is repaired by the replay.
+        The accounting row waits for nothing else, so a batch costs its slowest write, not their
+        sum. Merges commit under the batch's lineage and key, set once for the session: MERGE
+        has no writer option, and one setting per table by concurrent writes would race."""
+        counts = {**result.counts, "quality_ms": sum(g.ms for g in ctx.gated) if ctx.gated else None}
+        chosen = [(out, result.rows.get(out.name)) for out in self.outputs]
+        chosen = [(out, rows) for out, rows in chosen if rows is not None]
+        writes = [out.writer(rows, ctx) for out, rows in chosen]
+        book = None
+        if self.counted_by is not None:
+            i = next(i for i, (out, _) in enumerate(chosen) if out.name == self.counted_by)
+            writes[i], book = _counted(self.spark, df, writes[i], lambda: self.record(ctx, counts), ctx.replay)
+        elif any(counts.get(k) for k in WRITTEN) or not read_nothing(self.checkpoint, ctx.batch_id):
+            # (A watermark-only batch that wrote no row has no count to book: no ops commit.)
+            book = lambda: self.record(ctx, counts)  # noqa: E731
+        keys = {out.key(ctx) for out, _ in chosen if isinstance(out, Merge)}
+        if len(keys) > 1:
+            raise ValueError(f"{self.query}: a batch commits its merges under one key, got {sorted(keys)}")
+        merging = (commit_metadata(df.sparkSession, {**ctx.lineage, TXN: {"app": keys.pop(), "version": ctx.batch_id}})
+                   if keys else nullcontext())
+        with merging:
+            together(*writes, *(g.record for g in ctx.gated), book)
+        return counts
+
+    def record(self, ctx: BatchContext, counts: dict) -> None:
+        self.books.record(self.query, ctx.batch_id, lineage=ctx.lineage, replay=ctx.replay, **counts)
+
+
+def _counted(spark, df, write, book, replay: bool):
+    """(write, book) for a batch whose counts Spark observes while `write` evaluates it: the
+    book starts beside the write and waits only for the write's Spark job, not its Delta commit,
+    so the two commits overlap. A replay waits for the whole write (looking for its earlier
+    commit may run jobs of its own), and one that found that commit evaluated nothing: the
+    batch is evaluated once more, to count it. A failed write books nothing (the batch fails,
+    and is replayed)."""
+    jobs = _JobWatch(spark) if not replay else None
+    done, wrote = threading.Event(), []
+
+    def counted_write():
+        try:
+            wrote.append(write())
+        finally:
+            done.set()
+
+    def counted_book():
+        if jobs is None:
+            done.wait()
+        else:
+            jobs.wait(done)
+        if done.is_set() and not wrote:
+            return                       # the write failed: together() raises its error
+        if wrote == [False]:
+            df.write.format("noop").mode("overwrite").save()
+        book()
+
+    return counted_write, counted_book
+
+
+class _JobWatch:
+    """Jobs of the calling thread's job group (a streaming query's run id) started after it was
+    made: the public status tracker, polled."""
+
+    def __init__(self, spark):
+        sc = spark.sparkContext
+        self.tracker, self.group = sc.statusTracker(), sc.getLocalProperty("spark.jobGroup.id")
+        self.before = set(self.tracker.getJobIdsForGroup(self.group))
+
+    def wait(self, done: threading.Event, poll: float = 0.02) -> None:
+        """Until a new job of the group has succeeded, or `done` is set."""
+        while not done.wait(poll):
+            for job in set(self.tracker.getJobIdsForGroup(self.group)) - self.before:
+                info = self.tracker.getJobInfo(job)
+                if info is not None and info.status == "SUCCEEDED":
+                    return
 
 
 def aggregates_while_caching(df, *columns):

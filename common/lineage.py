@@ -2,7 +2,8 @@
 
 Every silver and gold commit made by a micro-batch carries, as Delta commit user metadata, the
 query, its checkpoint id, the batch id, the upstream table and the last upstream version the
-batch had fully read, plus the watermarks it ran with. The values come from the query's offset
+batch had fully read, plus the watermarks it ran with; bronze's carry the source (files or
+Kafka) and the offsets the batch read instead of a table. The values come from the query's offset
 log, which Spark writes before the batch runs, so a replayed batch records the same lineage.
 
 A reader of any table version can then rebuild the input prefix that produced it:
@@ -81,6 +82,16 @@ def batch_lineage(checkpoint: str, query: str, batch_id: int, upstream: str) -> 
         "late_watermark_ms": late_watermark_ms(checkpoint, batch_id),
     }
     return lineage
+
+
+def source_lineage(checkpoint: str, query: str, batch_id: int, source: str) -> dict:
+    """Lineage of one micro-batch of a query reading outside the lakehouse (bronze: landing files
+    or a Kafka topic): the source and the end offset the offset log holds for the batch (the
+    file source's log entry, or the topic's offset per partition), which a replay reads the
+    same. There is no upstream table, so no `upstream`: the audit names no version for it."""
+    _, sources = offset_log_entry(checkpoint, batch_id)
+    return {"pipeline": PIPELINE, "query": query, "query_id": checkpoint_query_id(checkpoint),
+            "batch_id": batch_id, "source": {"kind": source, "offset": sources[0] if sources else None}}
 
 
 def to_user_metadata(lineage: dict) -> str:

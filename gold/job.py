@@ -14,16 +14,19 @@ first (gold/owner.py).
 """
 from __future__ import annotations
 
+from functools import partial
+
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import TXN, appended, change_feed, commit_metadata, ensure_table, live_files
+from common.delta import change_feed, ensure_table, live_files
 from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
-from common.quality import QualityGate, check_tables, load_suites
+from common.outputs import Changed, Merge, Result
+from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.errors import JobError
 from common.streaming import trigger
@@ -31,7 +34,7 @@ from common.flow import Flow, Layer, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
 from gold.owner import check_owner
-from gold.sinks import batch_key, merge, publish_stats
+from gold import sinks
 from gold.tables import for_config, query_name
 from silver.transform import FRONTIER
 
@@ -78,86 +81,67 @@ def gold_stream(spark, cfg, tables) -> DataFrame:
 
 
 class GoldBatch(MicroBatch):
-    """foreachBatch body of the gold query: every table it writes, from one batch."""
+    """foreachBatch body of the gold query: every table it writes (gold/sinks.py declares each
+    one's outputs), from one batch."""
 
     layer = "gold"
 
     def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None):
-        super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", None, books)
-        self.tables = tuple(tables)
+        tables = tuple(tables)
+        outputs = tuple(out for spec in tables for out in sinks.outputs(cfg, spec))
+        # gates: table -> QualityGate (tables without a suite: none)
+        super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", gates,
+                         books, outputs)
+        self.tables = tables
         self.folding = any(not t.stateful for t in tables)   # the stream hands over events
-        self.gates = gates                   # table -> QualityGate (tables without a suite: none)
-        self.paths = {t.table: cfg.table_path("gold", t.table) for t in tables}
+        self.merges = {out.name: out for out in outputs if isinstance(out, Merge)}
         # Whether a table may hold rows the watermark has passed that no update carries: only
         # after a batch that wrote nothing, since every other batch emits what it closes; and at
         # a start, for what an earlier run left.
         self.stale_behind = True
 
-    def written(self, spec: GoldTable, ctx: BatchContext) -> bool:
-        """A replayed batch that committed to this table before the crash: its part is in the
-        rows already, and folding it in again would count it twice."""
-        return ctx.replay and appended(self.spark, self.paths[spec.table], batch_key(ctx), ctx.batch_id,
-                                       ctx.lineage.get("query_id"))
-
-    def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None,
-             cached: list) -> tuple | None:
-        """The table's update for the batch, cached, and its sizes; None if already written."""
-        if self.written(spec, ctx):
+    def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None) -> tuple | None:
+        """The table's update for the batch, cached, and its sizes; None if a replay finds the
+        batch already in the table (folding it in again would count it twice)."""
+        out = self.merges[spec.table]
+        if out.written(self.spark, ctx):
             return None
-        path = self.paths[spec.table]
-        current = lambda: DeltaTable.forPath(self.spark, path).toDF() if live_files(self.spark, path) else None  # noqa: E731
-        rows = spec.updates(batch, current, ctx.lineage["watermark_ms"], earliest).persist()
-        cached.append(rows)          # released by write(), also when another table's fold fails
+        current = lambda: DeltaTable.forPath(self.spark, out.path).toDF() if live_files(self.spark, out.path) else None  # noqa: E731
+        rows = ctx.keep(spec.updates(batch, current, ctx.lineage["watermark_ms"], earliest))
         return (spec, rows, *spec.sizes(rows))
 
-    def write(self, batch: DataFrame, ctx: BatchContext) -> dict:
-        cfg, lineage = self.cfg, ctx.lineage
-        watermark = lineage["watermark_ms"]
-        batch.persist()
-        cached: list[DataFrame] = []
-        try:
-            # A batch that brought no on-time event writes nothing: a no-data batch (it only
-            # moved the watermark), one over silver commits that changed no data (a compaction)
-            # or one of late rows only. What it would write is the rows its watermark closed: a
-            # MERGE for a flag. The next batch with events marks them in its MERGE. (It still
-            # ran: its state was committed.) A selection of the stateful table alone hands over
-            # no events, so there only an empty or no-data batch is skipped.
-            # One job counts the batch (and fills its cache) and finds its earliest event.
-            seen = aggregates_while_caching(
-                batch, F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
-                F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"))
-            brought = seen["events"] if self.folding else seen["n"]
-            if not brought or read_nothing(self.checkpoint, ctx.batch_id):
-                self.stale_behind = True
-                return self.commit(ctx, dict(rows_written=0, quality_ms=None))
-            # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
-            # jobs are small, and one at a time the driver's part of each was most of a batch.
-            folded = together(*[(lambda spec=spec: self.fold(spec, batch, ctx, seen["earliest"], cached))
-                                for spec in self.tables])
-            changed = [f for f in folded if f is not None]
-            gated = [(self.gates[spec.table], T.quality_view(spec.live(touched(rows)), cfg.profile.dimension), live)
-                     for spec, rows, n, live, _ in changed if live and spec.table in self.gates]
-            gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
-                                 lineage, ctx.replay) if gated else None)
-            writes = []
-            for spec, rows, n, _, hint in changed:
-                if not n:
-                    continue
-                writes.append(lambda spec=spec, rows=rows, hint=hint: merge(
-                    rows.sparkSession, self.paths[spec.table], spec, rows.drop(CLOSING), watermark, ctx,
-                    hint, self.stale_behind))
-                if spec.publish and cfg.gold.stats_to_kafka:
-                    writes.append(lambda spec=spec, rows=rows: publish_stats(cfg, spec, touched(rows)))
-            counts = dict(rows_written=sum(f[2] for f in changed), quality_ms=gate.ms if gate else None)
-            key = {TXN: {"app": batch_key(ctx), "version": ctx.batch_id}}
-            with commit_metadata(batch.sparkSession, {**lineage, **key}):
-                committed = self.commit(ctx, counts, *writes, gate.record if gate else None)
-            self.stale_behind = False
-            return committed
-        finally:
-            for rows in cached:
-                rows.unpersist()
-            batch.unpersist()
+    def compute(self, batch: DataFrame, ctx: BatchContext) -> Result:
+        watermark = ctx.lineage["watermark_ms"]
+        ctx.keep(batch)
+        # A batch that brought no on-time event writes nothing: a no-data batch (it only
+        # moved the watermark), one over silver commits that changed no data (a compaction)
+        # or one of late rows only. What it would write is the rows its watermark closed: a
+        # MERGE for a flag. The next batch with events marks them in its MERGE. (It still
+        # ran: its state was committed.) A selection of the stateful table alone hands over
+        # no events, so there only an empty or no-data batch is skipped.
+        # One job counts the batch (and fills its cache) and finds its earliest event.
+        seen = aggregates_while_caching(
+            batch, F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
+            F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"))
+        brought = seen["events"] if self.folding else seen["n"]
+        if not brought or read_nothing(self.checkpoint, ctx.batch_id):
+            self.stale_behind = True
+            return Result({}, dict(rows_written=0))
+        # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
+        # jobs are small, and one at a time the driver's part of each was most of a batch.
+        folded = together(*[partial(self.fold, spec, batch, ctx, seen["earliest"]) for spec in self.tables])
+        changed = [f for f in folded if f is not None]
+        self.validate(ctx, *[(spec.table, T.quality_view(spec.live(touched(rows)), self.cfg.profile.dimension), live)
+                             for spec, rows, n, live, _ in changed if live])
+        out = {}
+        for spec, rows, n, _, hint in changed:
+            if n:
+                out[spec.table] = Changed(rows.drop(CLOSING), dict(watermark_ms=watermark, hint=hint,
+                                                                   stale_behind=self.stale_behind))
+                out[sinks.stats(spec)] = touched(rows)
+        # (A batch that fails to commit stops the query; a restart builds a new body.)
+        self.stale_behind = False
+        return Result(out, dict(rows_written=sum(f[2] for f in changed)))
 
 
 def progress_counts(progress: dict) -> dict:

@@ -1,37 +1,39 @@
-"""Where a gold batch's rows go: each table, by MERGE (its kind's clauses) or, into an empty
-table, by an idempotent append; and the compacted stats topic."""
+"""Where a gold batch's rows go, declared (common/outputs.py): each table by MERGE with its
+kind's clauses (into an empty table, an idempotent append keyed by the batch), and the updated
+rows of a table that publishes to the compacted stats topic."""
 from __future__ import annotations
 
-from delta.tables import DeltaTable
+from functools import partial
+
 from pyspark.sql import DataFrame
 
-from common.batch import BatchContext
-from common.delta import idempotent_append, live_files, retry_on_conflict
+from common.outputs import Changed, Merge, Publish
 from gold import transform as T
 from gold.kinds import GoldTable
 
+# The key suffix of a batch's commit to each gold table (with the batch id as its version): one
+# commit per table per batch, so the table's history tells whether the batch wrote it.
+KEY = "gold"
 
-def merge(spark, path: str, spec: GoldTable, rows: DataFrame, watermark_ms: int, ctx: BatchContext,
+
+def outputs(cfg, spec: GoldTable) -> tuple:
+    """A table's outputs: its MERGE by key, and its stats when the table publishes them."""
+    merge_ = Merge(spec.table, cfg.table_path("gold", spec.table), spec.keys, spec.merge, spec.live, KEY)
+    if spec.publish and cfg.gold.stats_to_kafka:
+        return merge_, Publish(stats(spec), partial(publish_stats, cfg, spec))
+    return (merge_,)
+
+
+def stats(spec: GoldTable) -> str:
+    """The name of a table's stats output."""
+    return f"{spec.table} stats"
+
+
+def merge(spark, path: str, spec: GoldTable, rows: DataFrame, watermark_ms: int, ctx,
           hint: str | None = None, stale_behind: bool = False) -> None:
-    """MERGE the batch's updated rows into a table (the kind's clauses). A conflict with a
-    concurrent compaction (make maintain, the runner's maintenance) replans and retries: the
-    rows are computed already, and compaction does not change the table's rows.
-
-    Into an empty table (a fresh lakehouse's first batch, the whole of a first available-now
-    run) every row is an insert, so an append keyed by the batch does the MERGE's work without
-    its joins. The commit's metadata (lineage and key) is the batch's session conf, set by the
-    caller for every table at once: MERGE has no writer option, and one session conf set per
-    table by concurrent writes would race."""
-    if live_files(spark, path) == 0:
-        idempotent_append(spec.live(rows), path, batch_key(ctx), ctx.batch_id, ctx.lineage, ctx.replay)
-        return
-    retry_on_conflict(lambda: spec.merge(DeltaTable.forPath(spark, path), rows, watermark_ms, hint, stale_behind))
-
-
-def batch_key(ctx: BatchContext) -> str:
-    """The key of the batch's commit to each gold table (with the batch id as its version):
-    one commit per table per batch, so the table's history tells whether the batch wrote it."""
-    return f"{ctx.app_id}-gold"
+    """One table's MERGE as a batch makes it, alone (tests and the bench time it)."""
+    out = Merge(spec.table, path, spec.keys, spec.merge, spec.live, KEY)
+    out.writer(Changed(rows, dict(watermark_ms=watermark_ms, hint=hint, stale_behind=stale_behind)), ctx)()
 
 
 def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from common import accounting
-from common.delta import change_feed, ensure_table, idempotent_append, table_version
+from common.delta import change_feed, ensure_table, table_version
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
+from common.outputs import Append, Result
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS
 from common.streaming import trigger
@@ -67,17 +68,19 @@ def seed_dimension(spark, cfg) -> None:
 
 
 class SilverBatch(MicroBatch):
-    """The foreachBatch body. Holds the GX context so it is built once per job, not per batch."""
+    """The foreachBatch body: silver's outputs and its computation. Holds the GX context so it
+    is built once per job, not per batch."""
 
     layer = "silver"
 
     def __init__(self, spark, cfg, suite, accounting_):
-        super().__init__(spark, cfg, QUERY, "bronze.events", QualityGate(suite), accounting_)
+        events = cfg.table_path("silver", cfg.silver_table)
+        outputs = (Append("events", events, "events"),
+                   Append("quarantine", cfg.table_path("silver", "quarantine"), "quarantine"))
+        super().__init__(spark, cfg, QUERY, "bronze.events", {"events": QualityGate(suite)}, accounting_, outputs)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
-        self.paths = {"events": cfg.table_path("silver", cfg.silver_table),
-                      "quarantine": cfg.table_path("silver", "quarantine"),
-                      "bronze": cfg.table_path("bronze", "events")}
+        self.paths = {"bronze": cfg.table_path("bronze", "events")}
         if self.dimension:
             self.paths["dimension"] = cfg.table_path("silver", self.dimension)
 
@@ -88,7 +91,7 @@ class SilverBatch(MicroBatch):
         lineage["dimensions"] = {f"silver.{self.dimension}": version}
         return version
 
-    def write(self, batch, ctx: BatchContext) -> dict:
+    def compute(self, batch, ctx: BatchContext) -> Result:
         spark, profile, batch_id, lineage = self.spark, self.profile, ctx.batch_id, ctx.lineage
         # The batch's accepted rows join the dimension in the same pass that fills the cache:
         # everything after it (counts, gate, silver, quarantine) reads that one cache, and the
@@ -100,50 +103,41 @@ class SilverBatch(MicroBatch):
             locations = (spark.read.format("delta").option("versionAsOf", self.pin_dimension(lineage))
                          .load(self.paths["dimension"]))
             rows = T.join_dimension(batch, locations, profile, only=T.is_accepted())
-        rows = rows.persist()
-        try:
-            # One pass over the batch for every count the write needs (it also fills the cache).
-            sizes = aggregates_while_caching(
-                rows, F.count(F.lit(1)).alias("rows"), F.count(F.when(~T.is_accepted(), 1)).alias("rejects"),
-                F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects"),
-                *T.fetch_window(~T.is_accepted()))
-            n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
-            n_candidates, n_dq, gate, writes = sizes.rows - n_rejects, 0, None, []
-            fetch = [sizes.fetch_from, sizes.fetch_until]
-            if n_candidates:
-                joined = T.accepted(rows)
-                frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
-                candidates = T.to_silver(joined, batch_id, profile, frontier)
-                gate = self.validate(candidates, ctx, n_candidates)
-                dq_reasons = _dq_reasons(spark, gate.outcomes)
-                if dq_reasons is not None:
-                    good = candidates.join(dq_reasons, "event_id", "left_anti")
-                    dq_bad = (joined.join(dq_reasons, "event_id").withColumn("reasons", F.col("dq_reasons"))
-                              .drop("dq_reasons"))
-                    dq = dq_bad.agg(F.count(F.lit(1)), *T.fetch_window()).first()
-                    n_dq = dq[0]
-                    fetch = _widen(fetch, dq[1:])
-                else:
-                    good, dq_bad = candidates, None
-                # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
-                if n_candidates > n_dq:
-                    writes.append(lambda: idempotent_append(good, self.paths["events"], f"{ctx.app_id}-events",
-                                                            batch_id, lineage, ctx.replay))
-            if n_rejects or n_dq:
-                bound = T.rejected(rows).unionByName(dq_bad) if n_dq else T.rejected(rows)
-                bronze = (spark.read.format("delta").load(self.paths["bronze"])
-                          if fetch[0] is not None else None)
-                quarantine = T.to_quarantine(T.with_record_bytes(bound, bronze, profile, *fetch),
-                                             batch_id, profile)
-                writes.append(lambda: idempotent_append(quarantine, self.paths["quarantine"],
-                                                        f"{ctx.app_id}-quarantine", batch_id, lineage,
-                                                        ctx.replay))
-            # Idempotent appends keyed by the batch: none needs another first.
-            counts = dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
-                          rows_written=n_candidates - n_dq, quality_ms=gate.ms if gate else None)
-            return self.commit(ctx, counts, *writes, gate.record if gate else None)
-        finally:
-            rows.unpersist()
+        rows = ctx.keep(rows)
+        # One pass over the batch for every count the write needs (it also fills the cache).
+        sizes = aggregates_while_caching(
+            rows, F.count(F.lit(1)).alias("rows"), F.count(F.when(~T.is_accepted(), 1)).alias("rejects"),
+            F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects"),
+            *T.fetch_window(~T.is_accepted()))
+        n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
+        n_candidates, n_dq, out = sizes.rows - n_rejects, 0, {}
+        fetch = [sizes.fetch_from, sizes.fetch_until]
+        if n_candidates:
+            joined = T.accepted(rows)
+            frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
+            candidates = T.to_silver(joined, batch_id, profile, frontier)
+            gate = self.validate(ctx, ("events", candidates, n_candidates))
+            dq_reasons = _dq_reasons(spark, gate.outcomes)
+            if dq_reasons is not None:
+                good = candidates.join(dq_reasons, "event_id", "left_anti")
+                dq_bad = (joined.join(dq_reasons, "event_id").withColumn("reasons", F.col("dq_reasons"))
+                          .drop("dq_reasons"))
+                dq = dq_bad.agg(F.count(F.lit(1)), *T.fetch_window()).first()
+                n_dq = dq[0]
+                fetch = _widen(fetch, dq[1:])
+            else:
+                good, dq_bad = candidates, None
+            # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
+            if n_candidates > n_dq:
+                out["events"] = good
+        if n_rejects or n_dq:
+            bound = T.rejected(rows).unionByName(dq_bad) if n_dq else T.rejected(rows)
+            bronze = (spark.read.format("delta").load(self.paths["bronze"])
+                      if fetch[0] is not None else None)
+            out["quarantine"] = T.to_quarantine(T.with_record_bytes(bound, bronze, profile, *fetch),
+                                                batch_id, profile)
+        return Result(out, dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
+                                rows_written=n_candidates - n_dq))
 
 
 def _widen(a: list, b) -> list:

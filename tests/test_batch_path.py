@@ -198,51 +198,54 @@ def test_mixed_chaos_kills_the_pipeline_process_first_then_every_layer(kills):
 
 
 class _Probe:
-    """A layer whose one write waits until the batch's accounting row is readable in
+    """A flow whose one output waits until the batch's accounting row is readable in
     ops.batch_accounting: it can only finish if the row is written beside it, not after it."""
 
-    def __init__(self, spark, cfg, forget_commit=False):
+    def __init__(self, spark, cfg, no_result=False):
         from common import accounting
         from common.batch import MicroBatch
+        from common.outputs import Publish, Result
 
         probe = self
+        books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint("probe"), lambda p: {})
 
         class ProbeBatch(MicroBatch):
             layer = "silver"
+            outputs = (Publish("probe", lambda rows: probe.wait_for_row(spark, books.path)),)
 
-            def write(self, df, ctx):
+            def compute(self, df, ctx):
                 n = df.count()
-                if forget_commit:
+                probe.batch_id = ctx.batch_id
+                if no_result:
                     return {"rows_written": n}
+                return Result({"probe": df}, {"rows_written": n})
 
-                def wait_for_row():
-                    deadline = time.monotonic() + 90
-                    while time.monotonic() < deadline:
-                        seen = (spark.read.format("delta").load(self.books.path)
-                                .where(f"query = 'probe' AND batch_id = {ctx.batch_id}").count())
-                        if seen:
-                            probe.saw_row_first.append(ctx.batch_id)
-                            return
-                        time.sleep(0.2)
-                return self.commit(ctx, {"rows_written": n}, wait_for_row)
-
-        books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint("probe"), lambda p: {})
-        self.batch = ProbeBatch(spark, cfg, "probe", "bronze.events", None, books)
+        self.batch = ProbeBatch(spark, cfg, "probe", "bronze.events", {}, books)
         self.saw_row_first: list[int] = []
 
+    def wait_for_row(self, spark, path):
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            seen = (spark.read.format("delta").load(path)
+                    .where(f"query = 'probe' AND batch_id = {self.batch_id}").count())
+            if seen:
+                self.saw_row_first.append(self.batch_id)
+                return
+            time.sleep(0.2)
 
-@pytest.mark.parametrize("forget_commit", [False, True])
-def test_the_accounting_row_is_written_beside_the_batch_writes(spark, cfg, forget_commit):
+
+@pytest.mark.parametrize("no_result", [False, True])
+def test_the_accounting_row_is_written_beside_the_batch_writes(spark, cfg, no_result):
     from pyspark.errors import StreamingQueryException
 
     source = str(Path(cfg.landing) / "probe")        # lineage reads a Delta source's offsets
     spark.createDataFrame([("x",), ("y",)], "value STRING").write.format("delta").save(source)
-    probe = _Probe(spark, cfg, forget_commit)
+    probe = _Probe(spark, cfg, no_result)
     query = (spark.readStream.format("delta").load(source).writeStream.queryName("probe")
              .foreachBatch(probe.batch).option("checkpointLocation", cfg.checkpoint("probe"))
              .trigger(availableNow=True).start())
-    if forget_commit:   # a layer that skips commit() would lose its accounting row: it fails loudly
-        with pytest.raises(StreamingQueryException, match="without commit"):
+    if no_result:   # a computation that hands the runner no Result would lose its writes: it fails loudly
+        with pytest.raises(StreamingQueryException, match="not a Result"):
             query.awaitTermination()
         return
     query.awaitTermination()

@@ -28,7 +28,7 @@ from tests.support.bronze_rows import bronze_row as support_bronze_row
 from common.schemas import BRONZE_EVENTS, BRONZE_PARTITION
 from common.spark import NO_DATA_BATCHES
 from pipeline.runner import start
-from silver import job as silver_job
+from common import outputs
 from silver import transform as T
 from silver.job import QUERY, SilverBatch
 from silver.locations import seed
@@ -334,7 +334,7 @@ def test_a_retried_micro_batch_writes_nothing_twice(spark, stream, monkeypatch):
         return real_append(df, path, app_id, version, metadata, replay)
 
     real_append = common_delta.idempotent_append
-    monkeypatch.setattr(silver_job, "idempotent_append", spy)
+    monkeypatch.setattr(outputs, "idempotent_append", spy)     # the declared appends
     monkeypatch.setattr(common_delta, "idempotent_append", spy)    # the quality gate's ops writes
 
     # The foreachBatch body as the silver flow builds it, fed batch 0 again (bronze as it was then),
