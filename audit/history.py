@@ -93,7 +93,7 @@ def table_history(spark, path: str) -> list[Version]:
 
 def made_by_batch(tagged: dict) -> bool:
     """Whether the pipeline's commit was made by a micro-batch: silver and gold batches record
-    their upstream table too, bronze's (BronzeAppend) only the query and batch."""
+    their upstream table too, bronze's the query, the batch and its source's offset."""
     return "query" in tagged and isinstance(tagged.get("batch_id"), int)
 
 

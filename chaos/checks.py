@@ -124,6 +124,7 @@ def _check_booked(out: Checks, read, cfg) -> None:
     # A batch committed to its checkpoint is never run again, so its ops.batch_accounting row
     # (written inside the batch, before the commit) must exist, or its drop counts are lost.
     # A no-data batch (watermark only) read no row, so it dropped none and may have no row.
+    from bronze.job import QUERY_NAME
     from common.internals import committed_batches
     from common.lineage import read_nothing
     from gold.tables import for_config, query_name
@@ -132,7 +133,7 @@ def _check_booked(out: Checks, read, cfg) -> None:
     for r in read("ops", "batch_accounting").select("query", "batch_id").collect():
         booked.setdefault(r.query, set()).add(r.batch_id)
     unbooked = {}
-    for query in ["silver", query_name(cfg, for_config(cfg))]:
+    for query in [QUERY_NAME[cfg.bronze.source], "silver", query_name(cfg, for_config(cfg))]:
         done = set(committed_batches(cfg.checkpoint(query)))
         done = {b for b in done if not read_nothing(cfg.checkpoint(query), b)}
         if done - booked.get(query, set()):

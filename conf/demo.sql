@@ -20,6 +20,11 @@ SELECT window_start AS day, zip_code, devices, finalized
 FROM gold.zip_daily_devices WHERE zip_code IS NOT NULL
 ORDER BY devices DESC, day, zip_code LIMIT 5;
 
+-- What bronze read from the landing files or the topic and wrote: every row it reads, byte for
+-- byte, so the two sums are equal and equal bronze.events' rows
+SELECT query, count(*) AS batches, sum(rows_in) AS rows_read, sum(rows_written) AS rows_written
+FROM ops.batch_accounting WHERE layer = 'bronze' GROUP BY query ORDER BY query;
+
 -- Where every bronze record went in silver (summed over all micro-batches)
 SELECT query, sum(records_in) AS records_in, sum(events_parsed) AS events_parsed,
        sum(events_written) AS events_written, sum(events_quarantined) AS quarantined,

@@ -151,15 +151,31 @@ def test_every_streaming_commit_records_its_upstream_version_query_and_batch(spa
 
 
 def test_bronze_commits_are_the_pipelines_and_a_hand_append_is_not(spark, lake, tmp_path):
-    """Bronze reads files, not a table: its batches record query and batch but no upstream, and
-    the audit still names them as the pipeline's, not as made outside it."""
-    bronze = next(t for t in lake.report["tables"] if t["table"] == "bronze.events")
+    """Bronze reads files, not a table: its batches record query, batch and the source's offset
+    but no upstream, and the audit names them as the pipeline's, not as made outside it. Each
+    batch books its accounting row through the same runner as silver's and gold's: what it read
+    is what it wrote, and the rows add up to bronze.events."""
+    tables = {t["table"]: t for t in lake.report["tables"]}
+    bronze = tables["bronze.events"]
     writes = [v for v in bronze["history"] if v["operation"] not in NO_DATA_CHANGE]
     assert writes
     for v in writes:
         assert v["made_by"] == f"bronze_files#{v['lineage']['batch_id']}", v
         assert v["lineage"]["query_id"] and v["upstream"] is None
+        assert v["lineage"]["source"]["kind"] == "files", v
+    offsets = [v["lineage"]["source"]["offset"]["logOffset"] for v in writes]   # the file source's log
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
     assert "outside the pipeline" not in render({**lake.report, "tables": [bronze]})
+
+    booked = [v for v in tables["ops.batch_accounting"]["history"]
+              if v["lineage"] and v["lineage"]["query"] == "bronze_files"]
+    assert sorted(v["lineage"]["batch_id"] for v in booked) == sorted(v["lineage"]["batch_id"] for v in writes)
+    assert all(v["made_by"] == f"bronze_files#{v['lineage']['batch_id']}" for v in booked)
+    rows = (spark.read.format("delta").load(lake.cfg.table_path("ops", "batch_accounting"))
+            .where("layer = 'bronze'").collect())
+    assert len(rows) == len(writes) and all(r.query == "bronze_files" and r.rows_in == r.rows_written for r in rows)
+    assert sum(r.rows_written for r in rows) == spark.read.format("delta").load(
+        lake.cfg.table_path("bronze", "events")).count() > 0
 
     cfg = copy_lake(spark, lake, tmp_path)
     path = cfg.table_path("bronze", "events")
