@@ -134,6 +134,9 @@ class MicroBatch(QueryBody):
         The accounting row waits for nothing else, so a batch costs its slowest write, not their
         sum. Merges commit under the batch's lineage and key, set once for the session: MERGE
         has no writer option, and one setting per table by concurrent writes would race."""
+        unknown = set(result.rows) - {out.name for out in self.outputs}
+        if unknown:
+            raise ValueError(f"{self.query}: rows for outputs it does not declare: {sorted(unknown)}")
         counts = {**result.counts, "quality_ms": sum(g.ms for g in ctx.gated) if ctx.gated else None}
         chosen = [(out, result.rows.get(out.name)) for out in self.outputs]
         chosen = [(out, rows) for out, rows in chosen if rows is not None]

@@ -95,6 +95,7 @@ class GoldBatch(MicroBatch):
         self.tables = tables
         self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.merges = {out.name: out for out in outputs if isinstance(out, Merge)}
+        self.published = {out.name for out in outputs if not isinstance(out, Merge)}
         # Whether a table may hold rows the watermark has passed that no update carries: only
         # after a batch that wrote nothing, since every other batch emits what it closes; and at
         # a start, for what an earlier run left.
@@ -138,7 +139,8 @@ class GoldBatch(MicroBatch):
             if n:
                 out[spec.table] = Changed(rows.drop(CLOSING), dict(watermark_ms=watermark, hint=hint,
                                                                    stale_behind=self.stale_behind))
-                out[sinks.stats(spec)] = touched(rows)
+                if sinks.stats(spec) in self.published:
+                    out[sinks.stats(spec)] = touched(rows)
         # (A batch that fails to commit stops the query; a restart builds a new body.)
         self.stale_behind = False
         return Result(out, dict(rows_written=sum(f[2] for f in changed)))

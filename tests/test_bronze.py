@@ -213,6 +213,36 @@ def test_files_land_in_bronze_byte_for_byte_and_a_rerun_adds_nothing(spark, cfg,
     assert bronze_rows(spark, cfg).count() == m["records"]
     assert delta_version(spark, cfg) == version
 
+    # Each batch booked its accounting row through the same runner as silver's and gold's, with
+    # its lineage: the file source's log offset, and what it read is what it wrote.
+    assert [x["source"]["kind"] for x in lineages] == ["files"] * len(lineages)
+    assert all(isinstance(x["source"]["offset"]["logOffset"], int) for x in lineages)
+    assert_booked(spark, cfg, "bronze_files", m["records"], [x["batch_id"] for x in lineages])
+
+    # A crash after the last batch's append, before its accounting row and its checkpoint commit:
+    # the restart replays the batch, finds the append (no new bronze version), and books the
+    # batch's rows, which the append found there evaluated nothing to count (a fresh process).
+    last = max(x["batch_id"] for x in lineages)
+    books = Path(cfg.table_path("ops", "batch_accounting")) / "_delta_log"
+    newest = max(int(f.name[:20]) for f in books.glob("*.json"))
+    for f in books.glob(f"*{newest:020d}*"):
+        f.unlink()
+    for name in (str(last), f".{last}.crc"):
+        (Path(cfg.checkpoint("bronze_files")) / "commits" / name).unlink(missing_ok=True)
+    done = run_job(env, "--source", "files", "--trigger", "available-now")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert delta_version(spark, cfg) == version
+    assert_booked(spark, cfg, "bronze_files", m["records"], [x["batch_id"] for x in lineages])
+
+
+def assert_booked(spark, cfg, query: str, records: int, batches: list[int]) -> None:
+    """One ops.batch_accounting row per bronze batch, rows_in = rows_written, adding up to `records`."""
+    rows = (spark.read.format("delta").load(cfg.table_path("ops", "batch_accounting"))
+            .where(f"query = '{query}'").collect())
+    assert sorted(r.batch_id for r in rows) == sorted(batches)
+    assert all(r.layer == "bronze" and r.rows_in == r.rows_written for r in rows), rows
+    assert sum(r.rows_written for r in rows) == records
+
 
 def _is_utf8(data: bytes) -> bool:
     try:
@@ -373,6 +403,8 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(source, spark, cfg, env, tm
     assert df.count() == m["records"]
     if source == "files":
         assert_bronze_holds_files(spark, cfg, m["files"])
+    # The accounting row is exactly once too: one per committed batch, adding up to every record.
+    assert_booked(spark, cfg, f"bronze_{source}", m["records"], sorted(batch_ids(checkpoint, "commits")))
 
 
 def test_sigterm_finishes_the_running_batch_and_exits_0(spark, cfg, env, tmp_path, monkeypatch, jobs):
