@@ -21,7 +21,6 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import TXN, appended, change_feed, commit_metadata, ensure_table, live_files
-from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.quality import QualityGate, check_tables, load_suites
 from common.schemas import DQ_RESULTS
@@ -85,13 +84,13 @@ class GoldBatch(MicroBatch):
     def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None):
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", None, books)
         self.tables = tuple(tables)
-        self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.gates = gates                   # table -> QualityGate (tables without a suite: none)
         self.paths = {t.table: cfg.table_path("gold", t.table) for t in tables}
         # Whether a table may hold rows the watermark has passed that no update carries: only
         # after a batch that wrote nothing, since every other batch emits what it closes; and at
         # a start, for what an earlier run left.
         self.stale_behind = True
+        self.watermark = None        # the last batch's, once it wrote: None at a start
 
     def written(self, spec: GoldTable, ctx: BatchContext) -> bool:
         """A replayed batch that committed to this table before the crash: its part is in the
@@ -116,32 +115,32 @@ class GoldBatch(MicroBatch):
         batch.persist()
         cached: list[DataFrame] = []
         try:
-            # A batch that brought no on-time event writes nothing: a no-data batch (it only
-            # moved the watermark), one over silver commits that changed no data (a compaction)
-            # or one of late rows only. What it would write is the rows its watermark closed: a
-            # MERGE for a flag. The next batch with events marks them in its MERGE. (It still
-            # ran: its state was committed.) A selection of the stateful table alone hands over
-            # no events, so there only an empty or no-data batch is skipped.
             # One job counts the batch (and fills its cache) and finds its earliest event.
             seen = aggregates_while_caching(
-                batch, F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
+                batch, F.count(F.lit(1)).alias("n"),
                 F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"))
-            brought = seen["events"] if self.folding else seen["n"]
-            if not brought or read_nothing(self.checkpoint, ctx.batch_id):
+            if not seen["n"] and watermark == self.watermark:
+                # Nothing to fold and nothing newly closed: a batch over silver commits that
+                # changed no data (a compaction) or of late rows only, under the watermark the
+                # last batch applied. (It still ran: its state was committed.)
                 self.stale_behind = True
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
+            # A batch with no event but a newer watermark (Spark's watermark-only batch at the
+            # end of an available-now run or when the feed goes quiet, or the first batch after
+            # data) still writes what that watermark closed: the sessions its timeouts emit and
+            # the windows it finalizes, so nothing stays open once the watermark passed it.
             # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
             # jobs are small, and one at a time the driver's part of each was most of a batch.
             folded = together(*[(lambda spec=spec: self.fold(spec, batch, ctx, seen["earliest"], cached))
                                 for spec in self.tables])
             changed = [f for f in folded if f is not None]
             gated = [(self.gates[spec.table], T.quality_view(spec.live(touched(rows)), cfg.profile.dimension), live)
-                     for spec, rows, n, live, _ in changed if live and spec.table in self.gates]
+                     for spec, rows, n, live, _, _ in changed if live and spec.table in self.gates]
             gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
                                  lineage, ctx.replay) if gated else None)
             writes = []
-            for spec, rows, n, _, hint in changed:
-                if not n:
+            for spec, rows, n, _, hint, closing in changed:
+                if not n and not closing:
                     continue
                 writes.append(lambda spec=spec, rows=rows, hint=hint: merge(
                     rows.sparkSession, self.paths[spec.table], spec, rows.drop(CLOSING), watermark, ctx,
@@ -152,7 +151,7 @@ class GoldBatch(MicroBatch):
             key = {TXN: {"app": batch_key(ctx), "version": ctx.batch_id}}
             with commit_metadata(batch.sparkSession, {**lineage, **key}):
                 committed = self.commit(ctx, counts, *writes, gate.record if gate else None)
-            self.stale_behind = False
+            self.stale_behind, self.watermark = False, watermark
             return committed
         finally:
             for rows in cached:

@@ -113,9 +113,10 @@ class GoldTable:
         file; `earliest`: the batch's earliest event time (a literal)."""
         raise NotImplementedError
 
-    def sizes(self, rows: DataFrame) -> tuple[int, int, str | None]:   # pragma: no cover
-        """(rows the batch's events changed, the live ones of those, a hint for `merge`), in
-        one Spark job, which also fills the cache of `rows`."""
+    def sizes(self, rows: DataFrame) -> tuple[int, int, str | None, int]:   # pragma: no cover
+        """(rows the batch changed, the live ones of those, a hint for `merge`, rows it only
+        closes (flagged CLOSING)), in one Spark job, which also fills the cache of `rows`. The
+        table gets a MERGE when the first or the last is not 0."""
         raise NotImplementedError
 
     def live(self, rows: DataFrame) -> DataFrame:

@@ -50,7 +50,7 @@ class SessionTable(GoldTable):
 
     def sizes(self, rows):
         r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE)).alias("live")).first()
-        return r["n"], r["live"], None
+        return r["n"], r["live"], None, 0
 
     def live(self, rows):
         return rows.where(LIVE)

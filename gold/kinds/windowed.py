@@ -68,9 +68,9 @@ class WindowedTable(GoldTable):
         return T.with_finalized(full, watermark_ms)
 
     def sizes(self, rows):
-        r = rows.agg(F.count_if(~F.col(CLOSING)).alias("n"),
+        r = rows.agg(F.count_if(~F.col(CLOSING)).alias("n"), F.count_if(F.col(CLOSING)).alias("closing"),
                      F.date_format(F.min("window_start"), LITERAL_TS).alias("first")).first()
-        return r["n"], r["n"], r["first"]
+        return r["n"], r["n"], r["first"], r["closing"]
 
     def merge(self, target: DeltaTable, rows, watermark_ms, hint, stale_behind):
         # `rows` carry the windows the watermark closed (combine), so stale_behind is moot.
