@@ -29,6 +29,7 @@ from common.streaming import trigger
 from common.flow import Flow, Layer, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
+from gold.constraints import by_name
 from gold.owner import check_owner
 from gold.sinks import batch_key, merge, publish_stats
 from gold.tables import for_config, query_name
@@ -188,7 +189,7 @@ def prepare_gold(spark, cfg, specs) -> None:
              lambda: accounting.ensure_accounting(spark, cfg),
              *[(lambda spec=spec: ensure_table(spark, cfg, "gold", spec.table,
                                                spec.output_schema(spark, silver_schema), (),
-                                               change_feed(cfg.gold.change_feed)))
+                                               change_feed(cfg.gold.change_feed), by_name(spec.checks())))
                for spec in specs])
 
 

@@ -57,6 +57,11 @@ class Measure:
         self.name, self.expression, self.kind, self.args = name, expression, kind, args
 
     @property
+    def counts(self) -> bool:
+        """Whether its value counts something, so is never negative (a table constraint)."""
+        return self.kind == "count"
+
+    @property
     def as_of(self) -> str:
         return f"{self.name}_as_of"
 

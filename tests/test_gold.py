@@ -614,6 +614,46 @@ def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tm
     assert_one_row_per_key(read(spark, copy, "gold", spec.table), spec.keys)
 
 
+def test_gold_tables_carry_their_kinds_constraints_and_a_write_breaking_one_commits_nothing(spark, windowed, tmp_path):
+    """Each table holds, as Delta CHECK constraints, exactly what its kind declares (keys not
+    NULL, counts not negative, ends after starts). A MERGE that breaks one fails naming it and
+    commits nothing; a table made before the constraints gets them at the next start."""
+    from common.delta import CONSTRAINT, table_properties
+    from gold.job import prepare_gold
+
+    cfg, _, _ = windowed
+    for spec in TABLES:
+        have = {k[len(CONSTRAINT):]: v for k, v in table_properties(spark, cfg.table_path("gold", spec.table)).items()
+                if k.startswith(CONSTRAINT)}
+        assert have == {c.name.lower(): c.sql for c in spec.checks()}, spec.table
+        assert len(have) >= 3, spec.table
+    assert "events_not_negative" in {c.name for c in SPEC["sightings"].checks()}
+    assert "session_end_at_or_after_session_start" in {c.name for c in SPEC["sessions"].checks()}
+
+    copy = copy_lakehouse(cfg, tmp_path)
+    broken = {"sightings": ("events", F.lit(-1).cast("long"), "events_not_negative"),
+              "sessions": ("session_end", F.col("session_start") - F.expr("INTERVAL 1 MINUTE"),
+                           "session_end_at_or_after_session_start")}
+    for key, (column, value, name) in broken.items():
+        spec = SPEC[key]
+        path = copy.table_path("gold", spec.table)
+        before = DeltaTable.forPath(spark, path).history(1).first().version
+        bad = read(spark, copy, "gold", spec.table).limit(1).withColumn(column, value)
+        with pytest.raises(Exception) as refused:
+            spec.merge(DeltaTable.forPath(spark, path), bad, 0, None, False)
+        assert name in str(refused.value) and "DELTA_VIOLATE_CONSTRAINT" in str(refused.value), key
+        assert DeltaTable.forPath(spark, path).history(1).first().version == before, f"{key}: a commit was made"
+
+    path = copy.table_path("gold", SPEC["activity"].table)
+    for c in SPEC["activity"].checks():
+        spark.sql(f"ALTER TABLE delta.`{path}` DROP CONSTRAINT `{c.name}`")
+    assert not [k for k in table_properties(spark, path) if k.startswith(CONSTRAINT)]
+    prepare_gold(spark, copy, TABLES)
+    assert {k for k in table_properties(spark, path) if k.startswith(CONSTRAINT)} == {
+        CONSTRAINT + c.name.lower() for c in SPEC["activity"].checks()}
+    drop_names(spark)
+
+
 def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_path):
     """Rows folded batch by batch are only right for the query that folded them: gold refuses
     another checkpoint and a table restored by hand, naming `make reset-gold`, which drops the

@@ -129,6 +129,10 @@ class GoldTable:
         passed may be in the table, still open, that no update carries (see GoldBatch)."""
         raise NotImplementedError
 
+    def checks(self) -> tuple:
+        """The Delta CHECK constraints of the table (gold.constraints)."""
+        return ()
+
     def condition(self) -> str:
         return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.keys)
 

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from common.config import ConfigError
 from common.profile import Aggregation
 from gold import transform as T
+from gold.constraints import after, not_negative, not_null
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, Declaring, GoldTable, identifiers, register
 
 
@@ -49,6 +50,11 @@ class WindowedTable(GoldTable):
 
     def reads(self) -> set[str]:
         return {*self.group, *identifiers(m.expression for m in self.measures)}
+
+    def checks(self):
+        counts = [m.name for m in self.measures if getattr(m, "counts", False)]
+        return (not_null("window_start"), not_null("window_end"), after("window_end", "window_start", False),
+                *map(not_negative, counts))
 
     def build(self, events: DataFrame) -> DataFrame:
         """Each window's measures over `events`: a batch's part of the windows it touched, or,
