@@ -20,7 +20,8 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import TXN, appended, change_feed, commit_metadata, ensure_table, live_files
+from common.delta import TXN, appended, change_feed, commit_metadata, ensure_table, live_files, retry_on_conflict
+from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.quality import QualityGate, check_tables, load_suites
 from common.schemas import DQ_RESULTS
@@ -85,6 +86,7 @@ class GoldBatch(MicroBatch):
     def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None):
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", None, books)
         self.tables = tuple(tables)
+        self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.gates = gates                   # table -> QualityGate (tables without a suite: none)
         self.paths = {t.table: cfg.table_path("gold", t.table) for t in tables}
         # Whether a table may hold rows the watermark has passed that no update carries: only
@@ -110,38 +112,51 @@ class GoldBatch(MicroBatch):
         cached.append(rows)          # released by write(), also when another table's fold fails
         return (spec, rows, *spec.sizes(rows))
 
+    def close(self, session, ctx: BatchContext) -> None:
+        """What the batch's watermark passed, marked closed in place in every table (the
+        sessions it timed out, the windows it made final), so nothing stays open behind the
+        watermark waiting for events that may never come. A flag is all that changes: an
+        UPDATE per table, side by side, no fold, no gate, nothing counted as written. Marking
+        closed what is already closed changes nothing, so a replay needs no key: the commit
+        carries the batch's lineage for the audit."""
+        watermark = ctx.lineage["watermark_ms"]
+        with commit_metadata(session, ctx.lineage):
+            together(*[(lambda spec=spec: retry_on_conflict(
+                lambda: spec.close(DeltaTable.forPath(session, self.paths[spec.table]), watermark)))
+                for spec in self.tables])
+        self.stale_behind, self.watermark = False, watermark
+
     def write(self, batch: DataFrame, ctx: BatchContext) -> dict:
         cfg, lineage = self.cfg, ctx.lineage
         watermark = lineage["watermark_ms"]
         batch.persist()
         cached: list[DataFrame] = []
         try:
-            # One job counts the batch (and fills its cache) and finds its earliest event.
+            # One job counts the batch's events (and fills its cache) and finds the earliest.
             seen = aggregates_while_caching(
-                batch, F.count(F.lit(1)).alias("n"),
+                batch, F.count(EVENT).alias("events"),
                 F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"))
-            if not seen["n"] and watermark == self.watermark:
-                # Nothing to fold and nothing newly closed: a batch over silver commits that
-                # changed no data (a compaction) or of late rows only, under the watermark the
-                # last batch applied. (It still ran: its state was committed.)
-                self.stale_behind = True
+            # No on-time event reached the stateful operator: Spark's watermark-only batch (at
+            # the end of an available-now run, or when the feed goes quiet), one over silver
+            # commits that changed no data (a compaction) or of late rows only. Its session rows
+            # are timeouts, whose values the table holds already. (A selection of the stateful
+            # table alone hands over no events: there only the offset log can tell.)
+            if (self.folding and not seen["events"]) or read_nothing(self.checkpoint, ctx.batch_id):
+                if watermark != self.watermark:
+                    self.close(batch.sparkSession, ctx)
                 return self.commit(ctx, dict(rows_written=0, quality_ms=None))
-            # A batch with no event but a newer watermark (Spark's watermark-only batch at the
-            # end of an available-now run or when the feed goes quiet, or the first batch after
-            # data) still writes what that watermark closed: the sessions its timeouts emit and
-            # the windows it finalizes, so nothing stays open once the watermark passed it.
             # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
             # jobs are small, and one at a time the driver's part of each was most of a batch.
             folded = together(*[(lambda spec=spec: self.fold(spec, batch, ctx, seen["earliest"], cached))
                                 for spec in self.tables])
             changed = [f for f in folded if f is not None]
             gated = [(self.gates[spec.table], T.quality_view(spec.live(touched(rows)), cfg.profile.dimension), live)
-                     for spec, rows, n, live, _, _ in changed if live and spec.table in self.gates]
+                     for spec, rows, n, live, _ in changed if live and spec.table in self.gates]
             gate = (check_tables(gated, self.spark, self.dq_path, self.query, ctx.batch_id, ctx.app_id,
                                  lineage, ctx.replay) if gated else None)
             writes = []
-            for spec, rows, n, _, hint, closing in changed:
-                if not n and not closing:
+            for spec, rows, n, _, hint in changed:
+                if not n:
                     continue
                 writes.append(lambda spec=spec, rows=rows, hint=hint: merge(
                     rows.sparkSession, self.paths[spec.table], spec, rows.drop(CLOSING), watermark, ctx,

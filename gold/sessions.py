@@ -135,8 +135,12 @@ def closing(table: DataFrame, spec: SessionSpec, watermark_ms: int) -> DataFrame
     """Open rows of a sessions table that the watermark has closed (is_closed), marked closed.
     A batch that only moves the watermark (its timeouts) writes nothing: the rows it closed in
     the state hold their final values already, and the next MERGE changes only their status."""
-    behind = F.col("session_end") <= F.timestamp_millis(F.lit(watermark_ms - spec.gap_ms))
-    return table.where((F.col("status") == "open") & behind).withColumn("status", F.lit("closed"))
+    return table.where(is_closing(spec, watermark_ms)).withColumn("status", F.lit("closed"))
+
+
+def is_closing(spec: SessionSpec, watermark_ms: int):
+    """An open session row the watermark closed (is_closed)."""
+    return (F.col("status") == "open") & (F.col("session_end") <= F.timestamp_millis(F.lit(watermark_ms - spec.gap_ms)))
 
 
 def make_session_updater(spec: SessionSpec):

@@ -113,10 +113,9 @@ class GoldTable:
         file; `earliest`: the batch's earliest event time (a literal)."""
         raise NotImplementedError
 
-    def sizes(self, rows: DataFrame) -> tuple[int, int, str | None, int]:   # pragma: no cover
-        """(rows the batch changed, the live ones of those, a hint for `merge`, rows it only
-        closes (flagged CLOSING)), in one Spark job, which also fills the cache of `rows`. The
-        table gets a MERGE when the first or the last is not 0."""
+    def sizes(self, rows: DataFrame) -> tuple[int, int, str | None]:   # pragma: no cover
+        """(rows the batch's events changed, the live ones of those, a hint for `merge`), in
+        one Spark job, which also fills the cache of `rows`."""
         raise NotImplementedError
 
     def live(self, rows: DataFrame) -> DataFrame:
@@ -127,6 +126,11 @@ class GoldTable:
               stale_behind: bool) -> None:   # pragma: no cover - interface
         """MERGE `rows` into `target` (a DeltaTable). `stale_behind`: rows the watermark
         passed may be in the table, still open, that no update carries (see GoldBatch)."""
+        raise NotImplementedError
+
+    def close(self, target, watermark_ms: int) -> None:   # pragma: no cover - interface
+        """Mark closed, in place (an UPDATE of `target`, a DeltaTable), the rows `watermark_ms`
+        passed that are still open: a batch without events changes nothing else."""
         raise NotImplementedError
 
     def checks(self) -> tuple:

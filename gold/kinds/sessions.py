@@ -55,7 +55,7 @@ class SessionTable(GoldTable):
 
     def sizes(self, rows):
         r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE)).alias("live")).first()
-        return r["n"], r["live"], None, 0
+        return r["n"], r["live"], None
 
     def live(self, rows):
         return rows.where(LIVE)
@@ -74,6 +74,9 @@ class SessionTable(GoldTable):
         (target.alias("t").merge(source.alias("s"), cond)
          .whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
          .whenNotMatchedInsertAll(condition="s.status <> 'merged'").execute())
+
+    def close(self, target: DeltaTable, watermark_ms):
+        target.update(S.is_closing(self.spec, watermark_ms), {"status": F.lit("closed")})
 
     def expected(self, events, arrival, watermark_ms):
         return S.replay_sessions(events, arrival, self.spec, watermark_ms)

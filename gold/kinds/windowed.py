@@ -74,9 +74,9 @@ class WindowedTable(GoldTable):
         return T.with_finalized(full, watermark_ms)
 
     def sizes(self, rows):
-        r = rows.agg(F.count_if(~F.col(CLOSING)).alias("n"), F.count_if(F.col(CLOSING)).alias("closing"),
+        r = rows.agg(F.count_if(~F.col(CLOSING)).alias("n"),
                      F.date_format(F.min("window_start"), LITERAL_TS).alias("first")).first()
-        return r["n"], r["n"], r["first"], r["closing"]
+        return r["n"], r["n"], r["first"]
 
     def merge(self, target: DeltaTable, rows, watermark_ms, hint, stale_behind):
         # `rows` carry the windows the watermark closed (combine), so stale_behind is moot.
@@ -88,6 +88,9 @@ class WindowedTable(GoldTable):
             cond += f" AND t.window_start >= TIMESTAMP '{hint}'"
         (target.alias("t").merge(rows.alias("s"), cond)
          .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    def close(self, target: DeltaTable, watermark_ms):
+        target.update(~F.col("finalized") & T.is_final(watermark_ms), {"finalized": F.lit(True)})
 
     def expected(self, events, arrival, watermark_ms):
         return T.with_finalized(self.build(events), watermark_ms)
