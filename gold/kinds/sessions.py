@@ -70,5 +70,9 @@ class SessionTable(GoldTable):
          .whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
          .whenNotMatchedInsertAll(condition="s.status <> 'merged'").execute())
 
+    def held(self, state):
+        """The sessions open in the query's state (`statestore` rows): key, id, start, last event, events."""
+        return S.open_sessions(state, self.spec)
+
     def expected(self, events, arrival, watermark_ms):
         return S.replay_sessions(events, arrival, self.spec, watermark_ms)

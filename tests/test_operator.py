@@ -1,0 +1,91 @@
+"""The operator's view: `lakehouse state` (what the stateful queries hold, from their
+checkpoints), against the events fed to real streaming queries."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import functions as F
+
+from pipeline import state as state_cmd
+from tools import status
+from gold import sessions as S
+
+from test_gold import (GAP_MS, HOUR, MIN, T0_MS, append_silver, drop_names, ev, final_watermark,
+                       lakehouse_cfg, nest_sessions, run_gold, silver)
+from test_silver_job import (append_bronze, at, camera, isolated_config, record, run_silver,
+                             write_locations)
+
+SESSIONS_QUERY = "gold_sessions"        # gold with --only sessions
+
+
+@pytest.fixture(scope="module")
+def gold_state(spark, tmp_path_factory):
+    """Two gold batches: the first's sessions of cam-a and cam-b are closed by the second's
+    watermark (3 h - 1 h); cam-a and cam-b start new ones, cam-c its first: three open."""
+    cfg = lakehouse_cfg(tmp_path_factory.mktemp("operator-gold"))
+    append_silver(spark, cfg, [ev("a1", "cam-a", 0), ev("a2", "cam-a", 10 * MIN), ev("b1", "cam-b", 5 * MIN)])
+    run_gold(spark, cfg, only={"sessions"}, no_data_batch=False)
+    append_silver(spark, cfg, [ev("c1", "cam-c", 3 * HOUR), ev("a3", "cam-a", 170 * MIN),
+                               ev("a4", "cam-a", 175 * MIN), ev("b2", "cam-b", 160 * MIN)],
+                  batch_id=1, frontier_ms=10 * MIN)
+    run_gold(spark, cfg, only={"sessions"})
+    yield cfg
+    drop_names(spark)
+
+
+def test_state_lists_the_open_sessions_of_the_events_fed(spark, gold_state, capsys):
+    cfg = gold_state
+    wm = final_watermark(cfg, SESSIONS_QUERY) - T0_MS
+    assert wm == 2 * HOUR
+    everything = S.batch_sessions(silver(spark, cfg), nest_sessions())
+    still_open = everything.where(F.unix_millis("session_end") - T0_MS + GAP_MS > wm)
+    expected = {(r.device_id, r.session_start, r.session_end, r.events) for r in still_open.collect()}
+    assert len(expected) == 3 and everything.count() == 5
+
+    held, = state_cmd.read_held(spark, cfg, SESSIONS_QUERY)
+    assert held.operator == "applyInPandasWithState"
+    assert held.summary["open_sessions"] == 3 and held.keys == 3
+    assert {(r["device_id"], r["session_start"], r["last_event"], r["events"]) for r in held.rows} == expected
+    # The table marks closed sessions at its next batch with events; the state has dropped them.
+    table_open = set(spark.read.format("delta").load(cfg.table_path("gold", "device_sessions"))
+                     .where("status = 'open'").toPandas()["session_id"])
+    assert {r["session_id"] for r in held.rows} < table_open
+
+    assert state_cmd.main([SESSIONS_QUERY, "--json"], spark=spark, cfg=cfg) == 0
+    out, = json.loads(capsys.readouterr().out)
+    assert out["query"] == SESSIONS_QUERY and len(out["rows"]) == 3
+    assert state_cmd.main([SESSIONS_QUERY, "--limit", "1"], spark=spark, cfg=cfg) == 0
+    text = capsys.readouterr().out
+    assert "3 open sessions of 3 device_id values" in text and "2 more (--limit)" in text
+    assert "cam-b" in text.splitlines()[2]          # the earliest open session first
+    assert status.held_keys(spark, cfg.checkpoint(SESSIONS_QUERY)) == "3 keys with open sessions"
+
+
+def test_state_of_a_query_without_state_is_refused_naming_it(spark, gold_state, capsys):
+    assert state_cmd.main(["nothing_here"], spark=spark, cfg=gold_state) == 2
+    assert "query nothing_here: no state at" in capsys.readouterr().err
+
+
+def test_state_counts_silver_dedup_keys_with_their_event_times(spark, tmp_path, capsys):
+    cfg = isolated_config(tmp_path)
+    write_locations(cfg.locations_csv)
+    fed = [record(camera("cam-0001", at("10:00")), camera("cam-0002", at("10:05"))),
+           record(camera("cam-0001", at("10:00"))),                   # a duplicate
+           record(camera("cam-0003", at("11:30"))), "{not json"]      # a reject
+    append_bronze(spark, cfg, fed)
+    run_silver(spark, cfg)
+    try:
+        events = spark.read.format("delta").load(cfg.table_path("silver", "camera_events"))
+        seen = events.agg(F.count_distinct("event_id"), F.min("event_time"), F.max("event_time")).first()
+        held, = state_cmd.read_held(spark, cfg, "silver")
+        assert held.operator == "dedupeWithinWatermark"
+        assert seen[0] == 3 and held.keys == 4 and held.summary["reject_keys"] == 1   # and the reject's
+        assert (held.summary["oldest_event"], held.summary["newest_event"]) == tuple(seen[1:])
+        assert state_cmd.main([], spark=spark, cfg=cfg) == 0
+        assert ("silver: dedupeWithinWatermark (batch 0): 4 dedup keys (1 of rejected rows), events from "
+                "2026-11-01 10:00:00 to 2026-11-01 11:30:00") in capsys.readouterr().out
+        silver_row, = [r for r in status.query_status(spark, cfg) if r["query"] == "silver"]
+        assert silver_row["held"] == "4 dedup keys"
+    finally:
+        drop_names(spark)
