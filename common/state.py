@@ -22,6 +22,10 @@ class Operator:
 
 def operators(spark, checkpoint: str) -> list[Operator]:
     """The checkpoint's stateful operators; [] when it has none (or does not exist)."""
+    from common.internals import has_state_folder
+
+    if not has_state_folder(checkpoint):
+        return []
     rows = spark.read.format("state-metadata").load(checkpoint).collect()
     return [Operator(r.operatorId, r.operatorName, r.stateStoreName, r.numPartitions, r.maxBatchId)
             for r in sorted(rows, key=lambda r: r.operatorId)]

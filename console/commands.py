@@ -21,6 +21,7 @@ TOOLS = {
     "seed-locations": ("silver.locations", "Load the locations CSV into silver.device_locations."),
     "sql": ("tools.sql", "Run SQL over the tables; no query: a spark-sql shell."),
     "status": ("tools.status", "Each streaming query: last batch, rates, lag, state."),
+    "check": ("pipeline.check", "Dry run: every problem a run would meet, before it starts."),
     "state": ("pipeline.state", "What the stateful queries hold now: open sessions, dedup keys."),
     "report": ("tools.report", "PNG charts and index.html from the ops tables."),
     "dq-docs": ("tools.dq_docs", "Great Expectations Data Docs of the recorded gate results."),

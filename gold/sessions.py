@@ -230,6 +230,13 @@ def replay_sessions(events: DataFrame, arrival_col: str, spec: SessionSpec,
             .applyInPandas(replay, spec.output_schema(events.schema)))
 
 
+def state_schema(spec: SessionSpec, events_schema) -> tuple[str, str]:
+    """(key, value) of the state sessionize() keeps, as Spark's `statestore` data source reads
+    it: a checkpoint holding another shape cannot be resumed by this query."""
+    key_type = {f.name: f.dataType.simpleString() for f in events_schema.fields}[spec.key]
+    return f"`{spec.key}` {key_type}", f"groupState STRUCT<{STATE_SCHEMA.replace(' ', ': ')}>, timeoutTimestamp BIGINT"
+
+
 # The state a key holds (STATE_SCHEMA's one column): its open sessions, as update() writes them.
 _STATE_SESSIONS = "array<struct<id:string, start:long, end:long, events:long>>"
 

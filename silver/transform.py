@@ -467,3 +467,8 @@ def dedup_keys(state: DataFrame, delay_seconds: float) -> DataFrame:
     return state.agg(F.count(F.when(~reject, 1)).alias("keys"), F.count(F.when(reject, 1)).alias("reject_keys"),
                      F.min(F.when(~reject, event_time)).alias("oldest_event"),
                      F.max(F.when(~reject, event_time)).alias("newest_event"))
+
+
+# The state deduplicate() keeps in a stream, as Spark's `statestore` data source reads it:
+# a checkpoint holding another shape cannot be resumed by this query.
+DEDUP_STATE = ("dedup_key STRING", "expiresAtMicros BIGINT")

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 # What the console must offer: every tool the Makefile runs with `python -m ...`.
 COMMANDS = {"run", "generate", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "changes",
             "restore", "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive",
-            "state"}
+            "state", "check"}
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S")
 
 
@@ -74,6 +74,7 @@ HELP_CASES = [
     (["sql"], ["--limit", "-f FILE"]),
     (["status"], ["--json"]),
     (["state"], ["[query]", "--json", "--limit"]),
+    (["check"], ["{all,bronze,silver,gold}", "--source", "--only"]),
     (["report"], ["--out"]),
     (["dq-docs"], ["--last", "--layer", "--suite"]),
     (["audit"], ["--table", "--json"]),

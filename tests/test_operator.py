@@ -3,6 +3,7 @@ checkpoints), against the events fed to real streaming queries."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -89,3 +90,108 @@ def test_state_counts_silver_dedup_keys_with_their_event_times(spark, tmp_path, 
         assert silver_row["held"] == "4 dedup keys"
     finally:
         drop_names(spark)
+
+
+# --- lakehouse check -------------------------------------------------------------------------
+
+def checked(capsys, argv, **kw) -> tuple[int, list[str]]:
+    from pipeline import check
+
+    code = check.main(argv, **kw)
+    out = capsys.readouterr().out.splitlines()
+    return code, [line[4:] for line in out if line.startswith("  - ")]
+
+
+def test_check_a_config_error_names_the_key_and_starts_no_spark(env, capsys):
+    code, problems = checked(capsys, [], env=dict(env, LAKEHOUSE__STREAMING__SILVER_INTERVAL="soon"))
+    assert code == 2
+    assert len(problems) == 1 and "key 'streaming.silver_interval'" in problems[0], problems
+    assert "LAKEHOUSE__STREAMING__SILVER_INTERVAL" in problems[0]
+
+
+def test_check_passes_on_a_fresh_lakehouse_with_its_landing_folder(spark, env, cfg, capsys):
+    cfg.landing.mkdir(parents=True)
+    code, problems = checked(capsys, [], spark=spark, env=env)
+    assert (code, problems) == (0, [])
+
+
+def _foreign_state(spark, root, checkpoint: str) -> None:
+    """A checkpoint whose sessions state is keyed by another column than gold's key."""
+    import json as js
+
+    import pandas as pd
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    feed = root / "foreign"
+    feed.mkdir()
+    (feed / "a.json").write_text(js.dumps({"camera": "c1", "t": "2026-11-01T00:00:00Z"}) + "\n")
+
+    def update(key, frames, state):
+        state.update((js.dumps([sum(len(f) for f in frames)]),))
+        yield pd.DataFrame({"camera": [key[0]]})
+
+    query = (spark.readStream.schema("camera STRING, t TIMESTAMP").json(str(feed)).withWatermark("t", "1 hour")
+             .groupBy("camera").applyInPandasWithState(update, "camera STRING", S.STATE_SCHEMA, "update",
+                                                       GroupStateTimeout.NoTimeout)
+             .writeStream.format("noop").outputMode("update").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+
+
+def test_check_lists_every_problem_each_naming_its_file_key_table_or_checkpoint(
+        spark, env, tmp_path, lock_holder, capsys, logged):
+    """One lakehouse with a problem of each kind; one check lists them all, and a run refuses
+    to start on the same ones."""
+    import shutil
+
+    from pipeline.cli import main as run
+    from tools.processes import free_port
+
+    from test_gold import lakehouse_cfg
+
+    suite = tmp_path / "silver_suite.yaml"
+    suite.write_text((Path("conf/expectations/silver_camera_events.yaml").read_text()
+                      .replace("{column: device_id, regex", "{column: device_name, regex")))
+    bad_gold = tmp_path / "gold_suite.yaml"
+    bad_gold.write_text("suite: gold\ntables:\n  gold.device_sessions:\n    - name: x\n"
+                        "      expectation: expect_no_such_thing\n      policy: warn\n")
+    env = dict(env, LAKEHOUSE__SILVER__EXPECTATIONS=str(suite), LAKEHOUSE__GOLD__EXPECTATIONS=str(bad_gold),
+               KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}", LAKEHOUSE__KAFKA__CONNECT_TIMEOUT="1 second")
+    cfg = lakehouse_cfg(tmp_path)
+    try:
+        # gold.device_sessions with a column of another type than gold writes
+        (spark.createDataFrame([], "device_id STRING, events STRING").write.format("delta")
+         .save(cfg.table_path("gold", "device_sessions")))
+        # gold's sessions checkpoint holding state keyed by another column; gold's full query's
+        # checkpoint holding silver's dedup state instead of sessions
+        _foreign_state(spark, tmp_path, cfg.checkpoint(SESSIONS_QUERY))
+        append_bronze(spark, cfg, [record(camera("cam-0001", at("10:00")))])
+        write_locations(cfg.locations_csv)
+        run_silver(spark, cfg)
+        shutil.copytree(cfg.checkpoint("silver"), cfg.checkpoint("gold"))
+        with lock_holder(env, "silver"):
+            code, problems = checked(capsys, ["--source", "kafka"], spark=spark, env=env)
+            code_sessions, sessions = checked(capsys, ["gold", "--only", "sessions"], spark=spark, env=env)
+        ran = run(["--only", "sessions"], layer="gold", spark=spark, env=env)
+    finally:
+        drop_names(spark)
+    assert code == 2
+    text = "\n".join(problems)
+    expected = [
+        "no Kafka broker answered at",                                          # the source
+        f"{bad_gold}: key 'tables.gold.device_sessions[0].expectation': unknown Great Expectations",
+        f"{suite}: key 'expectations[1].kwargs.column': device_id_well_formed names column 'device_name'",
+        f"checkpoint {cfg.checkpoint('silver')} is in use by",                   # the lock
+        f"table gold.device_sessions ({cfg.table_path('gold', 'device_sessions')}): column events is string, "
+        "the pipeline writes bigint",
+        f"checkpoint {cfg.checkpoint('gold')}: holds the state of a dedupeWithinWatermark operator",
+        f"checkpoint {cfg.checkpoint('gold')}: query gold now has a applyInPandasWithState operator",
+    ]
+    for piece in expected:
+        assert piece in text, (piece, problems)
+    assert code_sessions == 2
+    assert any(f"checkpoint {cfg.checkpoint(SESSIONS_QUERY)}: the applyInPandasWithState state's key is "
+               "(camera string), query gold_sessions now keeps (device_id string)" in p for p in sessions), sessions
+    # A run makes the same check before its queries start, and says the same.
+    assert ran == 2
+    assert any("the applyInPandasWithState state's key is (camera string)" in m for m in logged.messages)
