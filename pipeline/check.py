@@ -54,10 +54,9 @@ def find_problems(cfg, layers, spark=None) -> list[str]:
     from pipeline.runner import preflight_problems
 
     unreachable = checks.storage_problems(cfg)
-    problems = (unreachable + preflight_problems(layers) + checks.validate_problems(layers)
-                + checks.lock_problems(cfg, layers))
     if unreachable:
-        return problems              # no table or checkpoint can be read
+        return unreachable + checks.validate_problems(layers)    # no table, checkpoint or lock can be read
+    problems = preflight_problems(layers) + checks.validate_problems(layers) + checks.lock_problems(cfg, layers)
     with session(cfg, "check", spark) as spark:
         expected = checks.expected_tables(spark, cfg, layers)
         problems += checks.suite_problems(cfg, layers, checks.gated(spark, cfg, expected))

@@ -41,6 +41,8 @@ def storage_problems(cfg) -> list[str]:
 
     problems = []
     for name, root in (("paths.lakehouse_root", cfg.root), ("paths.checkpoint_root", cfg.checkpoint_root)):
+        if name != "paths.lakehouse_root" and str(root).startswith(f"{cfg.root}/"):
+            continue                 # under the lakehouse root: the same store, asked already
         if isinstance(root, ObjectPath):
             try:
                 root.exists()

@@ -109,7 +109,21 @@ def test_check_a_config_error_names_the_key_and_starts_no_spark(env, capsys):
     assert "LAKEHOUSE__STREAMING__SILVER_INTERVAL" in problems[0]
 
 
+def test_check_an_unreachable_object_store_names_the_root_and_the_error(env, capsys):
+    from tools.processes import free_port
+
+    code, problems = checked(capsys, [], env=dict(env, LAKEHOUSE_ROOT="s3a://lake/lh", AWS_ACCESS_KEY_ID="k",
+                                                  AWS_SECRET_ACCESS_KEY="s",
+                                                  S3_ENDPOINT=f"http://127.0.0.1:{free_port()}"))
+    assert code == 2
+    assert len(problems) == 1, problems
+    assert "key 'paths.lakehouse_root': s3a://lake/lh:" in problems[0] and "connect" in problems[0], problems
+
+
 def test_check_passes_on_a_fresh_lakehouse_with_its_landing_folder(spark, env, cfg, capsys):
+    code, problems = checked(capsys, ["bronze"], spark=spark, env=env)
+    assert code == 2 and problems == [f"landing folder {cfg.landing} does not exist (set LANDING, or write "
+                                      "files there with `make generate`)"]
     cfg.landing.mkdir(parents=True)
     code, problems = checked(capsys, [], spark=spark, env=env)
     assert (code, problems) == (0, [])
