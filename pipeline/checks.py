@@ -154,21 +154,35 @@ def suite_problems(cfg, layers: list[Layer], expected: dict) -> list[str]:
     return problems
 
 
+def stateful_table(cfg, flow):
+    """The stateful gold table a gold flow writes (the whole profile's `gold`, or a `gold_<keys>`
+    selection that includes it), else None."""
+    from gold.tables import for_config
+
+    if flow.layer != "gold":
+        return None
+    keys = set(flow.name.split("_")[1:])
+    return next((t for t in for_config(cfg) if t.stateful and (not keys or t.key in keys)), None)
+
+
+def operators(cfg, flow) -> list[str]:
+    """The stateful operators the flow's query runs, by Spark's name for them."""
+    if flow.layer == "silver" and cfg.profile.dedup:
+        return [DEDUP_OPERATOR]
+    return [SESSIONS_OPERATOR] if stateful_table(cfg, flow) is not None else []
+
+
 def expected_state(spark, cfg, flow) -> dict[str, tuple[str, str]]:
     """Operator name -> (key, value) schema of the state the flow's query keeps."""
     from gold.sessions import state_schema
-    from gold.tables import for_config
     from silver.job import output_schemas
     from silver.transform import DEDUP_STATE
 
-    if flow.layer == "silver" and cfg.profile.dedup:
-        return {DEDUP_OPERATOR: DEDUP_STATE}
-    if flow.layer == "gold":
-        keys = set(flow.name.split("_")[1:])         # gold_<key>_<key>: an --only selection
-        for t in for_config(cfg):
-            if t.stateful and (not keys or t.key in keys):
-                return {SESSIONS_OPERATOR: state_schema(t.spec, output_schemas(spark, cfg.profile)[0])}
-    return {}
+    shapes = {}
+    for name in operators(cfg, flow):
+        shapes[name] = (DEDUP_STATE if name == DEDUP_OPERATOR else
+                        state_schema(stateful_table(cfg, flow).spec, output_schemas(spark, cfg.profile)[0]))
+    return shapes
 
 
 def _shape(ddl_or_struct) -> list[tuple[str, str]]:

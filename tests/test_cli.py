@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 # What the console must offer: every tool the Makefile runs with `python -m ...`.
 COMMANDS = {"run", "generate", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "changes",
             "restore", "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive",
-            "state", "check"}
+            "state", "check", "graph"}
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S")
 
 
@@ -75,6 +75,7 @@ HELP_CASES = [
     (["status"], ["--json"]),
     (["state"], ["[query]", "--json", "--limit"]),
     (["check"], ["{all,bronze,silver,gold}", "--source", "--only"]),
+    (["graph"], ["--source", "--png"]),
     (["report"], ["--out"]),
     (["dq-docs"], ["--last", "--layer", "--suite"]),
     (["audit"], ["--table", "--json"]),

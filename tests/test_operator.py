@@ -209,3 +209,45 @@ def test_check_lists_every_problem_each_naming_its_file_key_table_or_checkpoint(
     # A run makes the same check before its queries start, and says the same.
     assert ran == 2
     assert any("the applyInPandasWithState state's key is (camera string)" in m for m in logged.messages)
+
+
+# --- lakehouse graph -------------------------------------------------------------------------
+
+def test_graph_is_the_declared_flows_with_their_checkpoints_suites_and_triggers(env, capsys):
+    from common.config import load_config
+    from pipeline import graph
+    from pipeline.runner import declare
+
+    cfg = load_config(env=dict(env, TRIGGER="processing-time", LAKEHOUSE__GOLD__STATS_TO_KAFKA="true"))
+    nodes = graph.flows(cfg, source="kafka")
+    assert [n.name for n in nodes] == [f.name for layer in declare(cfg, ("bronze", "silver", "gold"),
+                                                                   {"bronze": {"source": "kafka"}})
+                                       for f in layer.flows] == ["bronze_kafka", "silver", "gold"]
+    bronze, silver, gold = nodes
+    assert bronze.sources == ("kafka topic nest-logs",) and bronze.sinks == ("bronze.events",)
+    assert silver.sources == ("bronze.events", "silver.device_locations")
+    assert silver.sinks == ("silver.camera_events", "silver.quarantine")
+    assert silver.transform == "silver/transform.py + dedupeWithinWatermark"
+    assert gold.sources == ("silver.camera_events",)
+    assert gold.sinks == (*(f"gold.{t}" for t in cfg.tables["gold"]), "kafka topic nest-camera-stats")
+    assert gold.transform.endswith("applyInPandasWithState")
+    assert [n.checkpoint for n in nodes] == [cfg.checkpoint(n.name) for n in nodes]
+    assert silver.suite == "silver_camera_events.yaml (silver.camera_events)" and bronze.suite == "-"
+    assert gold.suite.startswith("gold.yaml (gold.device_activity, gold.device_sessions")
+    assert [n.trigger for n in nodes] == ["processingTime 5 seconds", "processingTime 1 seconds",
+                                          "processingTime 1 seconds"]
+
+    assert graph.main([], cfg=cfg) == 0
+    text = capsys.readouterr().out
+    assert "silver (silver, processingTime 1 seconds)\n  bronze.events + silver.device_locations\n" in text
+    assert f"  checkpoint {cfg.checkpoint('gold')}\n" in text
+
+
+def test_the_report_draws_the_flows(spark, cfg, tmp_path):
+    from pipeline.graph import picture
+    from tools.report import build_report
+
+    written = build_report(spark, cfg, tmp_path / "report", [picture])
+    flows = tmp_path / "report" / "flows.png"
+    assert flows in written and flows.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and flows.stat().st_size > 10_000
+    assert '<img src="flows.png">' in (tmp_path / "report" / "index.html").read_text()
