@@ -69,13 +69,12 @@ def find_problems(cfg, layers, spark=None) -> list[str]:
 def owner_problems(spark, cfg, layers) -> list[str]:
     """Each gold table written by the checkpoint of the query that would write it now."""
     from gold.owner import check_owner
-    from gold.tables import for_config
+    from pipeline.checks import gold_tables
 
     problems = []
     for flow in (f for layer in layers if layer.name == "gold" for f in layer.flows):
-        keys = set(flow.name.split("_")[1:])
         try:
-            check_owner(spark, cfg, flow.name, [t for t in for_config(cfg) if not keys or t.key in keys])
+            check_owner(spark, cfg, flow.name, gold_tables(cfg, flow))
         except JobError as e:
             problems.append(str(e))
     return problems

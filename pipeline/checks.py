@@ -154,15 +154,20 @@ def suite_problems(cfg, layers: list[Layer], expected: dict) -> list[str]:
     return problems
 
 
-def stateful_table(cfg, flow):
-    """The stateful gold table a gold flow writes (the whole profile's `gold`, or a `gold_<keys>`
-    selection that includes it), else None."""
+def gold_tables(cfg, flow) -> list:
+    """The gold tables a gold flow writes: the profile's all for `gold`, a selection's for
+    `gold_<key>_<key>` (gold.tables.query_name)."""
     from gold.tables import for_config
 
     if flow.layer != "gold":
-        return None
+        return []
     keys = set(flow.name.split("_")[1:])
-    return next((t for t in for_config(cfg) if t.stateful and (not keys or t.key in keys)), None)
+    return [t for t in for_config(cfg) if not keys or t.key in keys]
+
+
+def stateful_table(cfg, flow):
+    """The stateful gold table the flow writes, if any."""
+    return next((t for t in gold_tables(cfg, flow) if t.stateful), None)
 
 
 def operators(cfg, flow) -> list[str]:

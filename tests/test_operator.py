@@ -63,6 +63,38 @@ def test_state_lists_the_open_sessions_of_the_events_fed(spark, gold_state, caps
     assert status.held_keys(spark, cfg.checkpoint(SESSIONS_QUERY)) == "3 keys with open sessions"
 
 
+def test_state_reads_the_state_of_a_running_query(spark, tmp_path):
+    """Read-only, from the checkpoint: beside a processing-time gold query, each read sees the
+    state of the latest committed batch, and the query runs on."""
+    import time
+
+    from pipeline.runner import start
+
+    cfg = lakehouse_cfg(tmp_path, TRIGGER="processing-time")
+
+    def after_batch(query, n: int) -> None:
+        deadline = time.monotonic() + 120
+        while sum(p["numInputRows"] > 0 for p in query.recentProgress) < n:
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.5)
+
+    append_silver(spark, cfg, [ev("a1", "cam-a", 0), ev("b1", "cam-b", 5 * MIN)])
+    query, = start(spark, cfg, "gold", only={"sessions"})
+    try:
+        after_batch(query, 1)
+        held, = state_cmd.read_held(spark, cfg, SESSIONS_QUERY)
+        assert {(r["device_id"], r["events"]) for r in held.rows} == {("cam-a", 1), ("cam-b", 1)}
+        append_silver(spark, cfg, [ev("a2", "cam-a", 10 * MIN), ev("c1", "cam-c", 20 * MIN)], batch_id=1,
+                      frontier_ms=5 * MIN)
+        after_batch(query, 2)
+        held, = state_cmd.read_held(spark, cfg, SESSIONS_QUERY)
+        assert {(r["device_id"], r["events"]) for r in held.rows} == {("cam-a", 2), ("cam-b", 1), ("cam-c", 1)}
+        assert query.isActive
+    finally:
+        query.stop()
+        drop_names(spark)
+
+
 def test_state_of_a_query_without_state_is_refused_naming_it(spark, gold_state, capsys):
     assert state_cmd.main(["nothing_here"], spark=spark, cfg=gold_state) == 2
     assert "query nothing_here: no state at" in capsys.readouterr().err
