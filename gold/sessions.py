@@ -232,3 +232,25 @@ def replay_sessions(events: DataFrame, arrival_col: str, spec: SessionSpec,
 
     return (session_inputs(events, spec, arrival_col).groupBy(spec.key)
             .applyInPandas(replay, spec.output_schema(events.schema)))
+
+
+def state_schema(spec: SessionSpec, events_schema) -> tuple[str, str]:
+    """(key, value) of the state sessionize() keeps, as Spark's `statestore` data source reads
+    it: a checkpoint holding another shape cannot be resumed by this query."""
+    key_type = {f.name: f.dataType.simpleString() for f in events_schema.fields}[spec.key]
+    return f"`{spec.key}` {key_type}", f"groupState STRUCT<{STATE_SCHEMA.replace(' ', ': ')}>, timeoutTimestamp BIGINT"
+
+
+# The state a key holds (STATE_SCHEMA's one column): its open sessions, as update() writes them.
+_STATE_SESSIONS = "array<struct<id:string, start:long, end:long, events:long>>"
+
+
+def open_sessions(state: DataFrame, spec: SessionSpec) -> DataFrame:
+    """The sessions held open in the state store, from its rows as Spark's `statestore` data
+    source reads them (key: the session key; value: groupState, timeoutTimestamp): one row each,
+    with the key, session_id, session_start, last_event and events so far."""
+    sessions = F.explode(F.from_json(F.col("value.groupState.sessions"), _STATE_SESSIONS)).alias("s")
+    return (state.select(F.col(f"key.`{spec.key}`").alias(spec.key), sessions)
+            .select(spec.key, F.col("s.id").alias("session_id"),
+                    F.timestamp_millis("s.start").alias("session_start"),
+                    F.timestamp_millis("s.end").alias("last_event"), F.col("s.events").alias("events")))

@@ -78,5 +78,9 @@ class SessionTable(GoldTable):
     def close(self, target: DeltaTable, watermark_ms):
         target.update(S.is_closing(self.spec, watermark_ms), {"status": F.lit("closed")})
 
+    def held(self, state):
+        """The sessions open in the query's state (`statestore` rows): key, id, start, last event, events."""
+        return S.open_sessions(state, self.spec)
+
     def expected(self, events, arrival, watermark_ms):
         return S.replay_sessions(events, arrival, self.spec, watermark_ms)
