@@ -25,7 +25,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup fetch lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit bench-wide soak status report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes restore reset-gold
+        seed-locations sql demo audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes restore reset-gold
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -186,6 +186,7 @@ define DEMO_NEXT
 @echo
 @echo "What to try next:"
 @echo "  make status                       each query: last batch, rates, lag, state"
+@echo "  make state                        open sessions and dedup keys, read from the checkpoints"
 @echo "  make sql Q=\"SELECT * FROM gold.device_sessions LIMIT 5\"   SQL on any table (VERSION AS OF n too)"
 @echo "  make audit                        prove every gold version from the silver version it read"
 @echo "  make report                       charts of batches, quality and quarantine (reports/index.html)"
@@ -208,6 +209,15 @@ endif
 
 status: $(READY) ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
 	@$(PY) -m tools.status $(if $(JSON),--json)
+
+state: $(READY) ## What the stateful queries hold now: gold's open sessions, silver's dedup keys (QUERY=, JSON=1)
+	@$(PY) -m pipeline.state $(QUERY) $(if $(JSON),--json)
+
+check: $(READY) ## Dry run: every problem a run would meet, none started (LAYER=, SOURCE=)
+	@$(PY) -m pipeline.check $(LAYER)
+
+graph: $(READY) ## Each flow: source -> transform -> sink, checkpoint, suite, trigger
+	@$(PY) -m pipeline.graph
 
 report: $(READY) ## PNG charts + index.html from ops.query_progress, dq_results, quarantine (under paths.reports)
 	@$(PY) -m tools.report

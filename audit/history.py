@@ -50,7 +50,8 @@ def row_changes(operation: str, metrics: dict) -> tuple[int | None, int | None]:
     """Rows added and removed by one commit, from its operation metrics. An updated row counts as
     one removed and one added; rows a rewrite merely copies count as neither. None when the
     operation has no row metrics (RESTORE, ...): the caller diffs the versions instead."""
-    if operation in ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES"):
+    if operation in ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES",
+                     "ADD CONSTRAINT", "DROP CONSTRAINT"):
         return 0, 0
     if operation in ("WRITE", "STREAMING UPDATE", "CREATE TABLE AS SELECT") and "numOutputRows" in metrics:
         return _int(metrics, "numOutputRows"), 0

@@ -101,7 +101,7 @@ def main() -> int:
     started = time.monotonic()
     cfg = load_config()
     marks = {}
-    # Spark's default, unlike the pipeline's (streaming.no_data_batches): in append mode a window
+    # Spark's default, as the pipeline's (streaming.no_data_batches): in append mode a window
     # or session is written only by a batch whose watermark has passed it, so the run's last
     # ones come out of the watermark-only batch after the last batch with rows.
     spark = build_spark(cfg, "bench-baseline", extra={NO_DATA_BATCHES: "true"})

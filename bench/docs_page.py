@@ -137,23 +137,20 @@ Where the time goes is fixed costs, not rows:
   difference; `python -m bench.gold_history` folds one 2,000-window batch into an hourly table
   of 2,000,000 finalized windows (83 days of 1,000 zip codes): fold 2.01 s and MERGE 1.79 s
   against 7.40 s and 3.37 s unbounded (medians of 3, alternated).
-- Spark runs no watermark-only batch (`streaming.no_data_batches: false`). Each would write
-  nothing: silver's only evicted dedup keys and gold's timed sessions out that the next MERGE
-  closes anyway; the next batch with rows does both. An available-now run therefore ends after
-  its last batch with rows, and (h) has no batch to time. A 1M-event incremental `run-all`,
-  alternated: 30.1 / 27.3 s with them, 25.4 / 25.6 s without (silver's last batch took 0.7-2.6 s,
-  gold's 0.7 s). A fresh gold table's first batch is an append, not a MERGE.
-- Spark still runs a batch that reads no row when the table a query reads gets a commit that
-  changes no data (a compaction: auto-compaction, `make maintain`, the runner's maintenance). Its
-  watermark is the one the last events moved, so gold's sessions time out and windows become
-  final in it: gold treats any batch without an on-time event as watermark-only and writes
-  nothing but its accounting row. In a test harness (OPTIMIZE of bronze and silver under a
-  running pipeline, four rounds) gold's such batches took 2.8-3.5 s before (fold, gate, MERGE of
-  the closings) and 0.86-1.02 s after (one 2.2 s); silver's 0.8-1.5 s. Both layers count a
-  batch in the job that fills its cache: an observed no-op write, one stage, where
-  `agg(...).first()` added a one-task stage behind a shuffle (on a busy machine it waits for a
-  core behind the other layers' tasks). Same harness, one run each, alternated: such batches'
-  medians went from 1.02 to 0.84 s in silver and from 1.03 to 0.84 s in gold.
+- Spark runs the watermark-only batch (`streaming.no_data_batches: true`, its default): at the
+  end of an available-now run, and in a stream once when the feed goes quiet (at most one per
+  batch with rows, and only when no row waits, so a stream with a backlog runs none). Gold flags
+  closed in it, with one UPDATE per table, the sessions it timed out and the windows it made
+  final (a MERGE of the same rows took 14.6 s at the end of a 20,000-event demo). Before,
+  with them off, an available-now run ended after its last batch with rows and everything stayed
+  open (after `make demo`, 0 of 2,505 sessions closed and 0 of 933 windows finalized). (h) times
+  these batches. A fresh gold table's first batch is an append, not a MERGE.
+- Spark also runs a batch that reads no row when the table a query reads gets a commit that
+  changes no data (a compaction: auto-compaction, `make maintain`, the runner's maintenance).
+  Gold closes in it only what a watermark newer than its last batch's passed; under the same
+  watermark it writes nothing. Both layers count a batch in the job that fills its cache: an
+  observed no-op write, one stage, where `agg(...).first()` added a one-task stage behind a
+  shuffle (on a busy machine it waits for a core behind the other layers' tasks).
 - The JIT is a large share of the CPU in a short-lived JVM. C1-only (`spark.jit: c1`) saves CPU
   but not wall time in a long process; `auto` keeps C1 for available-now runs.
 - The garbage collector: `auto` (`spark.gc`) runs available-now runs on the throughput collector

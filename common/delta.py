@@ -80,6 +80,27 @@ def align_properties(spark, path: str, wanted: dict[str, str]) -> dict[str, str]
     return changed
 
 
+CONSTRAINT = "delta.constraints."      # how Delta keeps a CHECK constraint in the table's metadata
+
+
+def align_constraints(spark, path: str, wanted: dict[str, str]) -> list[str]:
+    """Add the CHECK constraints (name -> expression) the table lacks, and replace those whose
+    expression changed; constraints of other names (added by hand) are left alone. Adding one
+    checks every row the table holds, so a table that breaks it fails here, naming it. Returns
+    the names added or replaced. A metadata commit each, made at start-up like align_properties."""
+    have = {k: v for k, v in table_properties(spark, path).items() if k.startswith(CONSTRAINT)}
+    done = []
+    for name, sql in wanted.items():
+        key = CONSTRAINT + name.lower()          # Delta folds the name to lower case
+        if have.get(key) == sql:
+            continue
+        if key in have:
+            spark.sql(f"ALTER TABLE delta.`{path}` DROP CONSTRAINT `{name}`")
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT `{name}` CHECK ({sql})")
+        done.append(name)
+    return done
+
+
 def add_missing_columns(spark, path: str, schema) -> list[str]:
     """Add the columns of `schema` the table lacks (a table made by an older version of the
     code); returns their names. Like align_properties, a metadata commit made at start-up by the
@@ -102,15 +123,17 @@ def add_missing_columns(spark, path: str, schema) -> list[str]:
 
 
 def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by=(),
-                 properties: dict[str, str] | None = None) -> str:
-    """Create the table if missing; an existing one gets the properties conf now asks for
-    (retention changed in conf applies at the next start, not only to new tables) and the
+                 properties: dict[str, str] | None = None, constraints: dict[str, str] | None = None) -> str:
+    """Create the table if missing, with its CHECK `constraints` (name -> expression) in its
+    first commit; an existing one gets the properties conf now asks for (retention changed in
+    conf applies at the next start, not only to new tables), the constraints it lacks and the
     nullable columns the schema gained since it was created."""
     path = cfg.table_path(layer, table)
     wanted = {**retention_properties(cfg), **(properties or {})}
     if DeltaTable.isDeltaTable(spark, path):
         align_properties(spark, path, wanted)
         added = add_missing_columns(spark, path, schema)
+        align_constraints(spark, path, constraints or {})
         # Rows written before a raw_bytes column existed hold their bytes in the text column,
         # valid UTF-8 or not: moved once, so every Delta reader can read the table.
         from common.lineage import PIPELINE
@@ -124,7 +147,7 @@ def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_b
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if partition_by:
             builder = builder.partitionedBy(*partition_by)
-        for key, value in wanted.items():
+        for key, value in {**wanted, **{CONSTRAINT + n.lower(): e for n, e in (constraints or {}).items()}}.items():
             builder = builder.property(key, value)
         builder.execute()
     register_table(spark, cfg, layer, table)
@@ -233,7 +256,8 @@ def appended(spark, path: str, app_id: str, version: int, query_id: str | None =
 
 # Commits that change no row of a table.
 NO_ROW_CHANGE = ("CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES",
-                 "UNSET TBLPROPERTIES", "ADD COLUMNS", "CHANGE COLUMN", "UPGRADE PROTOCOL")
+                 "UNSET TBLPROPERTIES", "ADD COLUMNS", "CHANGE COLUMN", "UPGRADE PROTOCOL",
+                 "ADD CONSTRAINT", "DROP CONSTRAINT")
 
 
 def last_lineage(spark, path: str, page: int = 16) -> tuple[dict | None, list[tuple[int, str]]]:

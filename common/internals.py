@@ -253,6 +253,13 @@ def checkpoint_id(checkpoint: str) -> str | None:
     return json.loads(path.read_text())["id"]
 
 
+def has_state_folder(checkpoint: str) -> bool:
+    """Whether the checkpoint holds a `state/` folder (a stateful query has committed a batch on
+    it). The `state-metadata` data source answers an empty table without one, but logs a warning
+    per checkpoint asked; a tool asking about every checkpoint would print them all."""
+    return (location(checkpoint) / "state").is_dir()
+
+
 def _batch_ids(checkpoint: str, folder: str) -> list[int]:
     d = location(checkpoint) / folder
     return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import change_feed, ensure_table, live_files
+from common.delta import change_feed, commit_metadata, ensure_table, live_files, retry_on_conflict
 from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Changed, Merge, Result
@@ -33,6 +33,7 @@ from common.streaming import trigger
 from common.flow import Flow, Layer, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
+from gold.constraints import by_name
 from gold.owner import check_owner
 from gold import sinks
 from gold.tables import for_config, query_name
@@ -100,6 +101,7 @@ class GoldBatch(MicroBatch):
         # after a batch that wrote nothing, since every other batch emits what it closes; and at
         # a start, for what an earlier run left.
         self.stale_behind = True
+        self.watermark = None        # the last batch's, once it wrote: None at a start
 
     def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None) -> tuple | None:
         """The table's update for the batch, cached, and its sizes; None if a replay finds the
@@ -111,22 +113,37 @@ class GoldBatch(MicroBatch):
         rows = ctx.keep(spec.updates(batch, current, ctx.lineage["watermark_ms"], earliest))
         return (spec, rows, *spec.sizes(rows))
 
+    def close(self, session, ctx: BatchContext) -> None:
+        """What the batch's watermark passed, marked closed in place in every table (the
+        sessions it timed out, the windows it made final), so nothing stays open behind the
+        watermark waiting for events that may never come. A flag is all that changes: an
+        UPDATE per table, side by side, no fold, no gate, nothing counted as written. Marking
+        closed what is already closed changes nothing, so a replay needs no key: the commit
+        carries the batch's lineage for the audit."""
+        watermark = ctx.lineage["watermark_ms"]
+        with commit_metadata(session, ctx.lineage):
+            together(*[partial(retry_on_conflict, partial(self._close, session, spec, watermark))
+                       for spec in self.tables])
+        self.stale_behind, self.watermark = False, watermark
+
+    def _close(self, session, spec: GoldTable, watermark: int) -> None:
+        spec.close(DeltaTable.forPath(session, self.merges[spec.table].path), watermark)
+
     def compute(self, batch: DataFrame, ctx: BatchContext) -> Result:
         watermark = ctx.lineage["watermark_ms"]
         ctx.keep(batch)
-        # A batch that brought no on-time event writes nothing: a no-data batch (it only
-        # moved the watermark), one over silver commits that changed no data (a compaction)
-        # or one of late rows only. What it would write is the rows its watermark closed: a
-        # MERGE for a flag. The next batch with events marks them in its MERGE. (It still
-        # ran: its state was committed.) A selection of the stateful table alone hands over
-        # no events, so there only an empty or no-data batch is skipped.
-        # One job counts the batch (and fills its cache) and finds its earliest event.
+        # One job counts the batch's events (and fills its cache) and finds the earliest.
         seen = aggregates_while_caching(
-            batch, F.count(F.lit(1)).alias("n"), F.count(EVENT).alias("events"),
+            batch, F.count(EVENT).alias("events"),
             F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"))
-        brought = seen["events"] if self.folding else seen["n"]
-        if not brought or read_nothing(self.checkpoint, ctx.batch_id):
-            self.stale_behind = True
+        # No on-time event reached the stateful operator: Spark's watermark-only batch (at
+        # the end of an available-now run, or when the feed goes quiet), one over silver
+        # commits that changed no data (a compaction) or of late rows only. Its session rows
+        # are timeouts, whose values the table holds already. (A selection of the stateful
+        # table alone hands over no events: there only the offset log can tell.)
+        if (self.folding and not seen["events"]) or read_nothing(self.checkpoint, ctx.batch_id):
+            if watermark != self.watermark:
+                self.close(batch.sparkSession, ctx)
             return Result({}, dict(rows_written=0))
         # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
         # jobs are small, and one at a time the driver's part of each was most of a batch.
@@ -142,7 +159,7 @@ class GoldBatch(MicroBatch):
                 if sinks.stats(spec) in self.published:
                     out[sinks.stats(spec)] = touched(rows)
         # (A batch that fails to commit stops the query; a restart builds a new body.)
-        self.stale_behind = False
+        self.stale_behind, self.watermark = False, watermark
         return Result(out, dict(rows_written=sum(f[2] for f in changed)))
 
 
@@ -175,7 +192,7 @@ def prepare_gold(spark, cfg, specs) -> None:
              lambda: accounting.ensure_accounting(spark, cfg),
              *[(lambda spec=spec: ensure_table(spark, cfg, "gold", spec.table,
                                                spec.output_schema(spark, silver_schema), (),
-                                               change_feed(cfg.gold.change_feed)))
+                                               change_feed(cfg.gold.change_feed), by_name(spec.checks())))
                for spec in specs])
 
 

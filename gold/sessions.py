@@ -135,8 +135,12 @@ def closing(table: DataFrame, spec: SessionSpec, watermark_ms: int) -> DataFrame
     """Open rows of a sessions table that the watermark has closed (is_closed), marked closed.
     A batch that only moves the watermark (its timeouts) writes nothing: the rows it closed in
     the state hold their final values already, and the next MERGE changes only their status."""
-    behind = F.col("session_end") <= F.timestamp_millis(F.lit(watermark_ms - spec.gap_ms))
-    return table.where((F.col("status") == "open") & behind).withColumn("status", F.lit("closed"))
+    return table.where(is_closing(spec, watermark_ms)).withColumn("status", F.lit("closed"))
+
+
+def is_closing(spec: SessionSpec, watermark_ms: int):
+    """An open session row the watermark closed (is_closed)."""
+    return (F.col("status") == "open") & (F.col("session_end") <= F.timestamp_millis(F.lit(watermark_ms - spec.gap_ms)))
 
 
 def make_session_updater(spec: SessionSpec):
@@ -228,3 +232,25 @@ def replay_sessions(events: DataFrame, arrival_col: str, spec: SessionSpec,
 
     return (session_inputs(events, spec, arrival_col).groupBy(spec.key)
             .applyInPandas(replay, spec.output_schema(events.schema)))
+
+
+def state_schema(spec: SessionSpec, events_schema) -> tuple[str, str]:
+    """(key, value) of the state sessionize() keeps, as Spark's `statestore` data source reads
+    it: a checkpoint holding another shape cannot be resumed by this query."""
+    key_type = {f.name: f.dataType.simpleString() for f in events_schema.fields}[spec.key]
+    return f"`{spec.key}` {key_type}", f"groupState STRUCT<{STATE_SCHEMA.replace(' ', ': ')}>, timeoutTimestamp BIGINT"
+
+
+# The state a key holds (STATE_SCHEMA's one column): its open sessions, as update() writes them.
+_STATE_SESSIONS = "array<struct<id:string, start:long, end:long, events:long>>"
+
+
+def open_sessions(state: DataFrame, spec: SessionSpec) -> DataFrame:
+    """The sessions held open in the state store, from its rows as Spark's `statestore` data
+    source reads them (key: the session key; value: groupState, timeoutTimestamp): one row each,
+    with the key, session_id, session_start, last_event and events so far."""
+    sessions = F.explode(F.from_json(F.col("value.groupState.sessions"), _STATE_SESSIONS)).alias("s")
+    return (state.select(F.col(f"key.`{spec.key}`").alias(spec.key), sessions)
+            .select(spec.key, F.col("s.id").alias("session_id"),
+                    F.timestamp_millis("s.start").alias("session_start"),
+                    F.timestamp_millis("s.end").alias("last_event"), F.col("s.events").alias("events")))

@@ -57,6 +57,11 @@ class Measure:
         self.name, self.expression, self.kind, self.args = name, expression, kind, args
 
     @property
+    def counts(self) -> bool:
+        """Whether its value counts something, so is never negative (a table constraint)."""
+        return self.kind == "count"
+
+    @property
     def as_of(self) -> str:
         return f"{self.name}_as_of"
 
@@ -161,7 +166,7 @@ def combine(part: DataFrame, current: DataFrame, keys, measures, close_at_ms: in
         mark = "_in_batch"
         joined = part.withColumn(mark, F.lit(True)).alias("s").join(current.alias("t"), cond, "full")
         in_batch = F.col(f"s.{mark}").isNotNull()
-        closing = ~in_batch & ~F.col("t.finalized") & _final(close_at_ms, "t.window_end")
+        closing = ~in_batch & ~F.col("t.finalized") & is_final(close_at_ms, "t.window_end")
     # A measure folded with no batch side keeps the table's value (see Measure.combined).
     return (joined.where(in_batch | closing)
             .select(*[F.when(in_batch, F.col(f"s.`{c}`")).otherwise(F.col(f"t.`{c}`")).alias(c)
@@ -185,10 +190,10 @@ def open_or_after(table: DataFrame, earliest_event: str | None) -> DataFrame:
 
 def with_finalized(windows: DataFrame, watermark_ms: int) -> DataFrame:
     """A window is final once its end is at or behind the watermark: no later event can reach it."""
-    return windows.withColumn("finalized", _final(watermark_ms))
+    return windows.withColumn("finalized", is_final(watermark_ms))
 
 
-def _final(watermark_ms: int, window_end: str = "window_end"):
+def is_final(watermark_ms: int, window_end: str = "window_end"):
     return F.col(window_end) <= F.timestamp_millis(F.lit(watermark_ms))
 
 

@@ -207,18 +207,35 @@ def downstream(layers: list[Layer], name: str) -> set[str]:
     return hit
 
 
-def preflight(layers: list[Layer]) -> None:
-    """Before Spark starts, layer by layer: the table it reads, when the layer writing that one
-    is not selected too, must be there; then the layer's own checks. Raises JobError."""
+def preflight_problems(layers: list[Layer]) -> list[str]:
+    """What stops a run before Spark starts, every layer's: the table it reads, when the layer
+    writing that one is not selected too, must be there; then the layer's own checks (its
+    source). Every problem, each naming its path or setting."""
     from common.errors import JobError
     from common.storage import is_delta_table
 
     selected = {layer.name for layer in layers}
+    problems = []
     for layer in layers:
-        if layer.reads_table and layer.reads not in selected and not is_delta_table(layer.reads_table):
-            raise JobError(f"{layer.reads} table {layer.reads_table} does not exist yet: "
-                           f"run `make run-{layer.reads}` first")
-        layer.preflight()
+        try:
+            if layer.reads_table and layer.reads not in selected and not is_delta_table(layer.reads_table):
+                problems.append(f"{layer.reads} table {layer.reads_table} does not exist yet: "
+                                f"run `make run-{layer.reads}` first")
+            layer.preflight()
+        except JobError as e:
+            problems.append(str(e))
+    return problems
+
+
+def preflight(layers: list[Layer]) -> None:
+    """preflight_problems, raised as one JobError listing them all."""
+    from common.errors import JobError
+
+    problems = preflight_problems(layers)
+    if len(problems) == 1:
+        raise JobError(problems[0])
+    if problems:
+        raise JobError(f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def declare(cfg, names, options: dict[str, dict] | None = None) -> list[Layer]:
@@ -295,6 +312,10 @@ class Runner:
         recorder = ProgressRecorder(self.spark, self.cfg)
         self.spark.streams.addListener(recorder)
         try:
+            # A checkpoint whose state no longer fits its flow: named now, not by Spark mid-run.
+            from pipeline.checks import raise_any, state_problems
+
+            raise_any(state_problems(self.spark, self.cfg, self.layers))
             if self.cfg.streaming.trigger == "available-now":
                 self._available_now()
             else:

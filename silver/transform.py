@@ -317,6 +317,9 @@ def rejected(parsed: DataFrame) -> DataFrame:
     return parsed.where(~is_accepted())
 
 
+REJECT_KEY = "reject"     # a rejected row's dedup key: this, then its bronze position
+
+
 def deduplicate(parsed: DataFrame, delay: str, profile: Profile) -> DataFrame:
     """Drop repeats of an event_id seen within `delay` of event time.
 
@@ -334,7 +337,7 @@ def deduplicate(parsed: DataFrame, delay: str, profile: Profile) -> DataFrame:
         # No dedup, but the watermark still tracks the event-time frontier (see FRONTIER).
         timed = parsed.withColumn("event_time", F.when(ok, F.col("event_time")))
         return timed.withWatermark("event_time", delay)
-    reject_key = F.concat_ws("|", F.lit("reject"), "bronze_source", "bronze_file_path",
+    reject_key = F.concat_ws("|", F.lit(REJECT_KEY), "bronze_source", "bronze_file_path",
                              "bronze_line_number", "bronze_kafka_topic", "bronze_kafka_partition",
                              "bronze_kafka_offset", F.coalesce(F.col(profile.index), F.lit(-1)))
     keyed = (parsed.withColumn("event_time", F.when(ok, F.col("event_time")))
@@ -453,3 +456,19 @@ def to_quarantine(rows: DataFrame, batch_id: int, profile: Profile) -> DataFrame
         F.lit(batch_id).cast("long").alias("batch_id"),
         F.current_timestamp().alias("quarantined_at"),
     )
+
+
+def dedup_keys(state: DataFrame, delay_seconds: float) -> DataFrame:
+    """What deduplicate()'s state holds, from its rows as Spark's `statestore` data source reads
+    them (key: dedup_key; value: expiresAtMicros, the key's event time + the delay): one row,
+    the events' keys held, the rejected rows' keys held (their bronze positions) and the oldest and newest event time among the events'."""
+    reject = F.col("key.dedup_key").startswith(f"{REJECT_KEY}|")
+    event_time = F.timestamp_micros(F.col("value.expiresAtMicros") - F.lit(int(delay_seconds * 1_000_000)))
+    return state.agg(F.count(F.when(~reject, 1)).alias("keys"), F.count(F.when(reject, 1)).alias("reject_keys"),
+                     F.min(F.when(~reject, event_time)).alias("oldest_event"),
+                     F.max(F.when(~reject, event_time)).alias("newest_event"))
+
+
+# The state deduplicate() keeps in a stream, as Spark's `statestore` data source reads it:
+# a checkpoint holding another shape cannot be resumed by this query.
+DEDUP_STATE = ("dedup_key STRING", "expiresAtMicros BIGINT")

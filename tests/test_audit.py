@@ -199,7 +199,7 @@ def test_a_clean_pipeline_passes_every_audit(lake):
     assert report["ok"], report["failures"]
     for table in GOLD:
         checks = prefix(report, table)
-        # (a version per batch that brought rows: the rounds' closing no-data batches write none)
+        # (a version per batch that brought rows, and per closing no-data batch that closed any)
         assert len(checks) >= 4, f"{table}: expected a version per data batch, got {len(checks)}"
         assert {c["status"] for c in checks} == {"PASS"}, table
         assert any(c["actual_rows"] for c in checks)

@@ -149,7 +149,7 @@ def test_available_now_runs_leave_state_versions_past_the_retention_deleted(spar
     assert interval_ms <= 10_000, "state maintenance as rare as Spark's 60 s default misses short runs"
     source, checkpoint = str(tmp_path / "source"), tmp_path / "checkpoint"
     retain, key = 3, "spark.sql.streaming.minBatchesToRetain"
-    # Each run also commits its watermark-only batch (off in the pipeline's conf): 8 versions, so
+    # Each run also commits its watermark-only batch (as the pipeline's conf has it): 8 versions, so
     # versions past the retention pile up unless maintenance deletes them.
     previous = {k: spark.conf.get(k) for k in (key, NO_DATA_BATCHES)}
     spark.conf.set(key, str(retain))

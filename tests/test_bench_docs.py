@@ -206,17 +206,18 @@ def test_a_run_without_the_ceiling_gives_its_rate_alone(bench_run):
     assert f"end-to-end {summary._n(record['throughput']['end_to_end_events_per_s'])} ev/s (" in line
 
 
-def test_no_watermark_only_batch_is_reported_as_none_ran_not_as_unmeasured(bench_run):
-    """With streaming.no_data_batches off a run has no batch without rows: (h) says so and the
-    target is met; with them on, a run without one is left unmeasured."""
+def test_no_watermark_only_batch_is_a_missed_figure_not_a_free_pass(bench_run):
+    """With streaming.no_data_batches off a run has no batch without rows, and nothing closes
+    until new data: (h) says so and the target is missed; with them on, a run without one is
+    left unmeasured."""
     record, _, _ = bench_run
     record = json.loads(json.dumps(record))
     record["empty_batches"] = {"run_all": {}}
     record["no_data_batches"] = False
-    assert summary.verdicts(record)["empty"] is True
+    assert summary.verdicts(record)["empty"] is False
     (h,) = [r for r in summary.rows(record) if r[0].startswith("(h)")]
-    assert "none ran" in h[1] and "streaming.no_data_batches: false" in h[1]
-    assert h[2].endswith("met")
+    assert "none ran" in h[1] and "streaming.no_data_batches is false" in h[1]
+    assert h[2].endswith("MISSED")
     record["no_data_batches"] = True
     assert summary.verdicts(record)["empty"] is None
     assert not [r for r in summary.rows(record) if r[0].startswith("(h)")]

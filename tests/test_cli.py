@@ -26,7 +26,8 @@ from console.commands import lakehouse
 REPO = Path(__file__).resolve().parent.parent
 # What the console must offer: every tool the Makefile runs with `python -m ...`.
 COMMANDS = {"run", "generate", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "changes",
-            "restore", "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive"}
+            "restore", "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive",
+            "state", "check", "graph"}
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S")
 
 
@@ -72,6 +73,9 @@ HELP_CASES = [
     (["changes"], ["--from", "--to", "--json"]),
     (["sql"], ["--limit", "-f FILE"]),
     (["status"], ["--json"]),
+    (["state"], ["[query]", "--json", "--limit"]),
+    (["check"], ["{all,bronze,silver,gold}", "--source", "--only"]),
+    (["graph"], ["--source", "--png"]),
     (["report"], ["--out"]),
     (["dq-docs"], ["--last", "--layer", "--suite"]),
     (["audit"], ["--table", "--json"]),

@@ -174,6 +174,19 @@ def test_bad_arguments_and_config_fail_with_status_2(cfg, monkeypatch, capsys):
     assert "generator.duplicate_rate" in capsys.readouterr().err
 
 
+def test_another_profile_s_landing_is_refused_and_left_untouched(cfg, tmp_path, monkeypatch, capsys):
+    """The events profile's landing is a dataset of its own: Nest records written there would be
+    read as its feed. The generator refuses, naming the profile, and writes nothing."""
+    landing = tmp_path / "events-landing"
+    landing.mkdir()
+    monkeypatch.setenv("PROFILE", "events")
+    monkeypatch.setenv("LANDING", str(landing))
+    assert gen.main(["-n", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "PROFILE is events" in err and "PROFILE=nest" in err and str(landing) in err
+    assert not any(landing.iterdir())
+
+
 def test_unreachable_kafka_fails_fast_naming_the_servers(cfg, monkeypatch, capsys):
     monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.1:1")
     monkeypatch.setenv("LAKEHOUSE__KAFKA__CONNECT_TIMEOUT", "1 second")

@@ -206,7 +206,7 @@ def committed_batches(cfg, query: str, data_only: bool = False) -> list[int]:
 
 def assert_booked(books: dict[int, int], cfg, query: str) -> None:
     """`books` (batch id -> rows written): one row for every batch that read rows, none for a
-    no-data batch (it writes nothing: the next batch with rows marks what its watermark closed)."""
+    no-data batch (it writes no row: it only flags closed what its watermark passed)."""
     data = committed_batches(cfg, query, data_only=True)
     assert set(data) == set(books), (query, sorted(books), data)
 
@@ -456,24 +456,25 @@ def test_late_events_are_dropped_and_accounted(spark, windowed):
 
 
 def test_windows_behind_the_watermark_are_finalized(spark, windowed):
-    """`finalized` follows the watermark of the last batch that brought rows: the run's closing
-    no-data batch moved the watermark further but wrote nothing (no MERGE for a flag)."""
+    """`finalized` follows the watermark of the run's last batch: the closing no-data batch moved
+    it past the last data batch's and finalized the windows it passed, in a commit of its own."""
     cfg, batches, _ = windowed
     marks = watermarks(cfg, GOLD)
     # The run's last batch moved the watermark to all data seen: max event time - 1 hour.
-    assert marks[max(marks)] == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
+    wm = marks[max(marks)]
+    assert wm == max(e["t"] for e in silver_events(spark, cfg)) + T0_MS - WATERMARK_MS
     data = committed_batches(cfg, GOLD, data_only=True)
     assert len(data) == 2 and max(marks) not in data
-    wm = marks[data[-1]]
-    assert wm == max(e["t"] for e in batches[0]) + T0_MS - WATERMARK_MS < marks[max(marks)]
+    assert marks[data[-1]] == max(e["t"] for e in batches[0]) + T0_MS - WATERMARK_MS < wm
     for key in ("sightings", "activity"):
         rows = bag(read(spark, cfg, "gold", SPEC[key].table), ["window_end", "finalized"])
         wrong = [(end, fin) for (end, fin) in rows if fin != (end <= wm)]
         assert not wrong, f"{key}: finalized flag wrong for (window_end, finalized) {wrong[:5]} (wm {wm})"
         assert {fin for _, fin in rows} == {True, False}, f"{key}: want both final and open windows"
-        # The no-data batch made no gold commit: the table's last version is the data batch's.
+        # Some were finalized by the no-data batch alone: its MERGE is the table's last version.
+        assert any(marks[data[-1]] < end <= wm for end, _ in rows), f"{key}: no window for the no-data batch"
         last = DeltaTable.forPath(spark, cfg.table_path("gold", SPEC[key].table)).history(1).first()
-        assert parse(last["userMetadata"])["batch_id"] == data[-1]
+        assert parse(last["userMetadata"])["batch_id"] == max(marks)
 
 
 def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
@@ -542,7 +543,9 @@ def test_the_first_batch_into_an_empty_table_is_an_idempotent_append(spark, wind
     cfg, _, _ = windowed
     for spec in SPEC.values():
         commits = [v for v in table_history(spark, cfg.table_path("gold", spec.table)) if v.lineage]
-        assert [v.operation for v in commits] == ["WRITE", "MERGE"], spec.table
+        ops = [v.operation for v in commits]
+        # (a no-data batch's commit flags closed what its watermark passed: an UPDATE)
+        assert ops[0] == "WRITE" and "MERGE" in ops and set(ops[1:]) <= {"MERGE", "UPDATE"}, (spec.table, ops)
         assert commits[0].lineage["query"] == GOLD and commits[0].lineage["batch_id"] == 0
 
     # The first batch again, on a copy whose table lost its rows since (a crash after the
@@ -558,9 +561,10 @@ def test_the_first_batch_into_an_empty_table_is_an_idempotent_append(spark, wind
 
 def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tmp_path):
     """A window's row is the sum of the batches folded into it, so a replay must find which
-    tables its first attempt reached. Here the last batch is replayed twice: on the lakehouse
-    (every table has it: nothing changes), and on a copy where sightings lost that commit (a
-    kill -9 between two tables' commits): it folds in once there, to the same rows."""
+    tables its first attempt reached. Here the run's last batches (the second append's, then the
+    no-data batch that finalized what its watermark passed) are replayed twice: on the lakehouse
+    (every table has them: nothing changes), and on a copy where sightings lost their commits (a
+    kill -9 between two tables' commits): they fold in once there, to the same rows."""
     from common.quality import QualityGate
 
     cfg, _, _ = windowed
@@ -568,28 +572,79 @@ def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tm
     windowed_specs = [SPEC["sightings"], SPEC["activity"]]
     gates = {s.table: QualityGate(suites[f"gold.{s.table}"]) for s in windowed_specs}
     last = max(committed_batches(cfg, GOLD, data_only=True))      # the second append's batch
+    tail = [b for b in committed_batches(cfg, GOLD) if b >= last]
+    assert len(tail) == 2, tail                                    # and the run's no-data batch
     assert batch_events(spark, cfg, 1).count() > 0
+    inputs = {last: gold_input(spark, cfg, batch_events(spark, cfg, 1)),
+              tail[1]: gold_input(spark, cfg, batch_events(spark, cfg, 1).limit(0))}
     before = {s.table: _snapshot(spark, cfg, s) for s in windowed_specs}
-    replay = GoldBatch(spark, cfg, windowed_specs, gates, _Books(), GOLD)
-    for _ in range(2):
-        replay(gold_input(spark, cfg, batch_events(spark, cfg, 1)), last)
-        assert {s.table: _snapshot(spark, cfg, s) for s in windowed_specs} == before
-    assert replay.books.stashed[last]["rows_written"] == 0
+
+    def replay_tail(on):
+        body = GoldBatch(spark, on, windowed_specs, gates, _Books(), GOLD)
+        for _ in range(2):
+            for b in tail:
+                body(inputs[b], b)
+            assert {s.table: _snapshot(spark, on, s) for s in windowed_specs} == before
+        return body
+
+    assert replay_tail(cfg).books.stashed[last]["rows_written"] == 0
 
     copy = copy_lakehouse(cfg, tmp_path)
     spec = SPEC["sightings"]
     log = Path(copy.table_path("gold", spec.table)) / "_delta_log"
+
+    def batch_of(version: int) -> int:
+        line = next(line for line in (log / f"{version:020d}.json").read_text().splitlines() if "commitInfo" in line)
+        return parse(json.loads(line)["commitInfo"]["userMetadata"])["batch_id"]
+
     newest = max(int(f.name[:20]) for f in log.glob("*.json"))
-    assert parse(json.loads(next(line for line in (log / f"{newest:020d}.json").read_text().splitlines()
-                                 if "commitInfo" in line))["commitInfo"]["userMetadata"])["batch_id"] == last
-    for f in log.glob(f"*{newest:020d}*"):
-        f.unlink()                      # the batch never committed to this table
+    assert [batch_of(newest - 1), batch_of(newest)] == tail
+    for version in (newest - 1, newest):
+        for f in log.glob(f"*{version:020d}*"):
+            f.unlink()                  # the batches never committed to this table
     assert _snapshot(spark, copy, spec) != before[spec.table]
-    replay = GoldBatch(spark, copy, windowed_specs, gates, _Books(), GOLD)
-    for _ in range(2):
-        replay(gold_input(spark, copy, batch_events(spark, copy, 1)), last)
-        assert {s.table: _snapshot(spark, copy, s) for s in windowed_specs} == before
+    replay_tail(copy)
     assert_one_row_per_key(read(spark, copy, "gold", spec.table), spec.keys)
+
+
+def test_gold_tables_carry_their_kinds_constraints_and_a_write_breaking_one_commits_nothing(spark, windowed, tmp_path):
+    """Each table holds, as Delta CHECK constraints, exactly what its kind declares (keys not
+    NULL, counts not negative, ends after starts). A MERGE that breaks one fails naming it and
+    commits nothing; a table made before the constraints gets them at the next start."""
+    from common.delta import CONSTRAINT, table_properties
+    from gold.job import prepare_gold
+
+    cfg, _, _ = windowed
+    for spec in TABLES:
+        have = {k[len(CONSTRAINT):]: v for k, v in table_properties(spark, cfg.table_path("gold", spec.table)).items()
+                if k.startswith(CONSTRAINT)}
+        assert have == {c.name.lower(): c.sql for c in spec.checks()}, spec.table
+        assert len(have) >= 3, spec.table
+    assert "events_not_negative" in {c.name for c in SPEC["sightings"].checks()}
+    assert "session_end_at_or_after_session_start" in {c.name for c in SPEC["sessions"].checks()}
+
+    copy = copy_lakehouse(cfg, tmp_path)
+    broken = {"sightings": ("events", F.lit(-1).cast("long"), "events_not_negative"),
+              "sessions": ("session_end", F.col("session_start") - F.expr("INTERVAL 1 MINUTE"),
+                           "session_end_at_or_after_session_start")}
+    for key, (column, value, name) in broken.items():
+        spec = SPEC[key]
+        path = copy.table_path("gold", spec.table)
+        before = DeltaTable.forPath(spark, path).history(1).first().version
+        bad = read(spark, copy, "gold", spec.table).limit(1).withColumn(column, value)
+        with pytest.raises(Exception) as refused:
+            spec.merge(DeltaTable.forPath(spark, path), bad, 0, None, False)
+        assert name in str(refused.value) and "DELTA_VIOLATE_CONSTRAINT" in str(refused.value), key
+        assert DeltaTable.forPath(spark, path).history(1).first().version == before, f"{key}: a commit was made"
+
+    path = copy.table_path("gold", SPEC["activity"].table)
+    for c in SPEC["activity"].checks():
+        spark.sql(f"ALTER TABLE delta.`{path}` DROP CONSTRAINT `{c.name}`")
+    assert not [k for k in table_properties(spark, path) if k.startswith(CONSTRAINT)]
+    prepare_gold(spark, copy, TABLES)
+    assert {k for k in table_properties(spark, path) if k.startswith(CONSTRAINT)} == {
+        CONSTRAINT + c.name.lower() for c in SPEC["activity"].checks()}
+    drop_names(spark)
 
 
 def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_path):
@@ -943,15 +998,14 @@ def test_session_status_follows_the_final_watermark(spark, sessionized):
     assert not wrong, f"status wrong for (device, end minute, status) {wrong} at watermark minute {(wm - T0_MS) / MIN}"
     statuses = Counter(s for (_, _, s) in rows)
     assert statuses["closed"] >= 5 and statuses["open"] >= 1, statuses
-    # The no-data batch that timed the edge session out wrote nothing; the next batch with
-    # rows closed it, although it brought no event of that device.
-    assert [r.status for r in snapshots[-2] if r.device_id == EDGE] == ["open"]
-    assert [r.status for r in snapshots[-1] if r.device_id == EDGE] == ["closed"]
+    # The no-data batch that timed the edge session out closed it in gold, in a commit of its
+    # own (an UPDATE of its status), although it brought no event.
     no_data = [b for b in committed_batches(cfg, ONLY["sessions"]) if read_nothing(cfg.checkpoint(ONLY["sessions"]), b)]
     assert no_data, "the fourth run was to end with a no-data batch"
+    assert [r.status for r in snapshots[-2] if r.device_id == EDGE] == ["closed"]
     gold_batches = {parse(v["userMetadata"])["batch_id"] for v in DeltaTable.forPath(
         spark, cfg.table_path("gold", "device_sessions")).history().collect() if v["userMetadata"]}
-    assert not gold_batches & set(no_data), "a watermark-only batch made a gold commit"
+    assert gold_batches & set(no_data), "no watermark-only batch wrote what it closed"
 
 
 def feed_gold(spark, cfg, first: list[dict], *steps) -> list[dict]:
@@ -999,18 +1053,26 @@ def test_sessions_close_as_the_watermark_moves_within_one_run(spark, tmp_path):
         drop_names(spark)
 
 
-def test_a_batch_over_a_silver_compaction_writes_nothing_and_the_next_one_marks_what_it_closed(spark, tmp_path):
-    """OPTIMIZE of silver is a commit that changes no data: gold still runs a batch over it, which
-    reads no row but has the watermark the last events moved, so it times sessions out and makes
-    windows final. It writes nothing (no gold version, no gate, no MERGE: an empty batch stays
-    cheap) and books its accounting row; the next batch with events closes and finalizes them."""
+def test_a_watermark_only_batch_closes_what_it_passed_and_one_over_a_compaction_writes_nothing(spark, tmp_path):
+    """When the feed goes quiet, Spark runs a batch that only moves the watermark: gold writes
+    in it the sessions it timed out and the windows it finalized, without waiting for events.
+    OPTIMIZE of silver is a commit that changes no data: gold runs a batch over it, which reads
+    no row under the watermark already applied, so it writes nothing (no gold version, no gate,
+    no MERGE) and books its accounting row."""
     cfg = lakehouse_cfg(tmp_path, TRIGGER="processing-time", TRIGGER_INTERVAL="1 second")
     silver_path = cfg.table_path("silver", "camera_events")
-    tables = {t: cfg.table_path("gold", t) for t in ("zip_hourly_sightings", "device_activity", "device_sessions")}
-    versions = []
+    checkpoint = cfg.checkpoint(GOLD)
+    quiet_wm = T0_MS + 4 * HOUR            # b1's event - 1 hour
 
-    def gold_versions():
-        versions.append({t: DeltaTable.forPath(spark, p).history(1).first().version for t, p in tables.items()})
+    def watermark_only() -> list[int]:
+        return [b for b in committed_batches(cfg, GOLD)
+                if read_nothing(checkpoint, b) and batch_watermark_ms(checkpoint, b) == quiet_wm]
+
+    def wait_for_the_quiet_batch():
+        deadline = time.monotonic() + 120
+        while not watermark_only():
+            assert time.monotonic() < deadline, "no watermark-only batch ran after the feed went quiet"
+            time.sleep(0.2)
 
     def compact_silver():
         spark.sql(f"OPTIMIZE delta.`{silver_path}`")
@@ -1018,20 +1080,32 @@ def test_a_batch_over_a_silver_compaction_writes_nothing_and_the_next_one_marks_
 
     try:
         progress = feed_gold(spark, cfg, [ev(f"e{i}", d, i * MIN, person=True) for i, d in enumerate(["a1", "a2"])],
-                             [ev("l0", "b1", 5 * HOUR)], gold_versions, compact_silver, gold_versions,
+                             [ev("l0", "b1", 5 * HOUR)], wait_for_the_quiet_batch, compact_silver,
                              [ev("x", "b1", 5 * HOUR + 10 * MIN)])
-        empty = [p["batchId"] for p in progress if not p["numInputRows"]]
-        assert len(empty) == 1, [(p["batchId"], p["numInputRows"]) for p in progress]
-        assert batch_watermark_ms(cfg.checkpoint(GOLD), empty[0]) == T0_MS + 4 * HOUR   # b1's event - 1 hour
-        assert versions[0] == versions[1], "the batch over the compaction made a gold commit"
+        (quiet,) = watermark_only()
+        compaction = [p["batchId"] for p in progress
+                      if not p["numInputRows"] and not read_nothing(checkpoint, p["batchId"])]
+        assert len(compaction) == 1, [(p["batchId"], p["numInputRows"]) for p in progress]
+        assert batch_watermark_ms(checkpoint, compaction[0]) == quiet_wm
+
+        def commit_of(table: str, batch_id: int):
+            return [v for v in DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().collect()
+                    if v.userMetadata and parse(v.userMetadata)["batch_id"] == batch_id]
+
+        # The quiet batch closed the early sessions and finalized their hour, in commits of its own.
+        (sessions_at,) = commit_of("device_sessions", quiet)
+        (hours_at,) = commit_of("zip_hourly_sightings", quiet)
+        at = lambda t, v: spark.read.format("delta").option("versionAsOf", v).load(cfg.table_path("gold", t))  # noqa: E731
+        sessions = bag(at("device_sessions", sessions_at.version), ["device_id", "status"])
+        assert sessions == Counter({("a1", "closed"): 1, ("a2", "closed"): 1, ("b1", "open"): 1}), sessions
+        hours = bag(at("zip_hourly_sightings", hours_at.version), ["window_start", "finalized"])
+        assert hours[(T0_MS, True)] >= 1 and not hours[(T0_MS, False)], hours
+        # The batch over the compaction wrote nothing and booked its row.
+        for table in ("zip_hourly_sightings", "device_activity", "device_sessions"):
+            assert not commit_of(table, compaction[0]), f"the batch over the compaction wrote gold.{table}"
         books = {r.batch_id: r.rows_written for r in spark.read.format("delta").load(
             cfg.table_path("ops", "batch_accounting")).where(f"query = '{GOLD}'").collect()}
-        assert books.get(empty[0]) == 0, books
-        # The next batch with events closed the early sessions and finalized their windows.
-        sessions = bag(read(spark, cfg, "gold", "device_sessions"), ["device_id", "status"])
-        assert sessions == Counter({("a1", "closed"): 1, ("a2", "closed"): 1, ("b1", "open"): 1}), sessions
-        hours = bag(read(spark, cfg, "gold", "zip_hourly_sightings"), ["window_start", "finalized"])
-        assert hours[(T0_MS, True)] >= 1 and not hours[(T0_MS, False)], hours
+        assert books.get(compaction[0]) == 0, books
     finally:
         drop_names(spark)
 

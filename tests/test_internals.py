@@ -191,6 +191,22 @@ def test_checkpoint_id(delta_checkpoint, tmp_path):
     assert I.checkpoint_id(str(tmp_path / "never-started")) is None
 
 
+def test_has_state_folder_is_what_the_state_metadata_source_finds(spark, delta_checkpoint, tmp_path):
+    checkpoint, _, _ = delta_checkpoint        # a stateless query's
+    assert not I.has_state_folder(checkpoint) and not I.has_state_folder(str(tmp_path / "nothing"))
+    assert spark.read.format("state-metadata").load(checkpoint).count() == 0
+    stateful = str(tmp_path / "stateful")
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+             .withWatermark("timestamp", "1 minute").dropDuplicatesWithinWatermark(["value"])
+             .writeStream.format("noop").option("checkpointLocation", stateful).start())
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert I.has_state_folder(stateful)
+    assert spark.read.format("state-metadata").load(stateful).count() == 1
+
+
 def test_logged_and_committed_batches(delta_checkpoint, tmp_path):
     checkpoint, _, query = delta_checkpoint
     ran = sorted(p["batchId"] for p in query.recentProgress if p["numInputRows"])

@@ -85,7 +85,7 @@ def write_locations(path: Path, rows=KNOWN) -> Path:
 def run_silver(spark, cfg, suite=None, no_data_batch: bool | None = None) -> list[int]:
     """One available-now run of the silver query; returns the ids of the micro-batches it
     executed. Raises StreamingQueryException if the query failed. `no_data_batch`: whether the
-    run ends with a watermark-only batch (default: conf streaming.no_data_batches, off); the
+    run ends with a watermark-only batch (default: conf streaming.no_data_batches, on); the
     query copies the session conf when it starts."""
     previous = spark.conf.get(NO_DATA_BATCHES)
     if no_data_batch is not None:
@@ -200,12 +200,12 @@ def isolated_config(root: Path):
 @pytest.fixture(scope="module")
 def stream(spark, tmp_path_factory):
     """BATCH_1, an available-now silver run, BATCH_2, another run on the same checkpoint, which
-    ends with a watermark-only batch (the first, by the pipeline's default, runs none)."""
+    ends with a watermark-only batch (the first is told to run none)."""
     cfg = isolated_config(tmp_path_factory.mktemp("silver-stream"))
     write_locations(cfg.locations_csv)
     files = [append_bronze(spark, cfg, BATCH_1)]
     bronze_version = DeltaTable.forPath(spark, cfg.table_path("bronze", "events")).history(1).first().version
-    runs = [run_silver(spark, cfg)]
+    runs = [run_silver(spark, cfg, no_data_batch=False)]
     files.append(append_bronze(spark, cfg, BATCH_2))
     runs.append(run_silver(spark, cfg, no_data_batch=True))
     yield SimpleNamespace(
@@ -255,7 +255,7 @@ def test_accounting_adds_up_for_every_batch(stream):
     first, second = stream.runs
     assert first and second and set(first).isdisjoint(second)
     # A row for every batch that read rows; a watermark-only no-data batch books nothing. The
-    # first run (the default) ends without one, the second with one.
+    # first run ends without one, the second with one.
     no_data = [b for b in first + second if read_nothing(stream.cfg.checkpoint(QUERY), b)]
     assert no_data and set(no_data) <= set(second) and second[-1] in no_data
     read_rows = [b for b in first + second if b not in no_data]

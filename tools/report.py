@@ -129,11 +129,14 @@ def quarantine_chart(reasons, out: Path) -> Path | None:
     return _save(fig, out / "quarantine_reasons.png")
 
 
-def build_report(spark, cfg, out: Path) -> list[Path]:
+def build_report(spark, cfg, out: Path, pictures=()) -> list[Path]:
+    """The charts and index.html; `pictures`: more drawings, each `draw(cfg, out) -> Path`, first
+    (the flows' graph, drawn by pipeline.graph on a floor above: `python -m tools.report` and
+    `lakehouse report` pass it)."""
     from tools.status import query_status, render
 
     out.mkdir(parents=True, exist_ok=True)
-    charts: list[Path] = []
+    charts: list[Path] = [draw(cfg, out) for draw in pictures]
     progress = _read(spark, cfg, "ops", "query_progress")
     if progress is not None:
         pdf = (progress.where("event = 'progress'")
@@ -160,7 +163,7 @@ def build_report(spark, cfg, out: Path) -> list[Path]:
 
 
 @command
-def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.report") -> int:
+def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.report", pictures=()) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="output folder (default: paths.reports)")
@@ -172,7 +175,7 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.report") -> int:
     with session(cfg, "report", spark) as spark, tempfile.TemporaryDirectory(prefix="report-") as tmp:
         # matplotlib writes local files: on object storage, draw here and upload the page.
         local = target if isinstance(target, Path) else Path(tmp)
-        written = build_report(spark, cfg, local)
+        written = build_report(spark, cfg, local, pictures)
         if not isinstance(target, Path):
             for path in written:
                 write_atomic(target / path.name, path.read_bytes())
@@ -183,4 +186,6 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.report") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.graph import picture
+
+    sys.exit(main(pictures=[picture]))

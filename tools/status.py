@@ -106,7 +106,23 @@ def query_status(spark, cfg) -> list[dict]:
         row = rows.setdefault(q, {"query": q, "state": "no progress recorded"})
         row["checkpoint"] = (f"{committed} committed" if planned == committed or planned is None
                              else f"batch {planned} planned, {committed} committed")
+        held = held_keys(spark, cfg.checkpoint(q))
+        if held:
+            row["held"] = held
     return list(rows.values())
+
+
+# what a stateful operator's keys are, for the operators this pipeline runs
+KEYS_OF = {"dedupeWithinWatermark": "dedup keys", "applyInPandasWithState": "keys with open sessions"}
+
+
+def held_keys(spark, checkpoint: str) -> str | None:
+    """The keys the query's state holds now, read from its checkpoint (`lakehouse state` lists
+    them): e.g. silver's dedup keys, gold's keys with an open session."""
+    from common.state import counts
+
+    held = counts(spark, checkpoint)
+    return ", ".join(f"{n:,} {KEYS_OF.get(op, op + ' keys')}" for op, n in held.items()) or None
 
 
 def _cell(v) -> str:
@@ -124,7 +140,7 @@ def _cell(v) -> str:
 COLUMNS = [("query", "query"), ("state", "state"), ("batch", "batch"), ("at", "last batch (UTC)"),
            ("rows", "rows"), ("input_per_s", "in/s"), ("processed_per_s", "done/s"),
            ("batch_s", "batch s"), ("lag", "lag"), ("state_rows", "state rows"),
-           ("state_mb", "state MB"), ("watermark", "watermark"), ("checkpoint", "checkpoint"),
+           ("state_mb", "state MB"), ("held", "state now"), ("watermark", "watermark"), ("checkpoint", "checkpoint"),
            ("last_error", "last error")]
 
 

@@ -128,6 +128,15 @@ class GoldTable:
         passed may be in the table, still open, that no update carries (see GoldBatch)."""
         raise NotImplementedError
 
+    def close(self, target, watermark_ms: int) -> None:   # pragma: no cover - interface
+        """Mark closed, in place (an UPDATE of `target`, a DeltaTable), the rows `watermark_ms`
+        passed that are still open: a batch without events changes nothing else."""
+        raise NotImplementedError
+
+    def checks(self) -> tuple:
+        """The Delta CHECK constraints of the table (gold.constraints)."""
+        return ()
+
     def condition(self) -> str:
         return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.keys)
 

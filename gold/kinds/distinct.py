@@ -33,6 +33,8 @@ class DistinctCount:
     name: str
     value: str
 
+    counts = True              # a set's size: never negative (a table constraint)
+
     @property
     def expression(self) -> str:
         return self.value

@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 from common.profile import Sessions
 from gold import sessions as S
+from gold.constraints import after, not_negative, not_null
 from gold.kinds import SESSION, Declaring, GoldTable, identifiers, register
 
 LIVE = "status <> 'merged'"      # `merged` notices are deletions, not rows
@@ -35,6 +36,10 @@ class SessionTable(GoldTable):
         for c in (sessions.key, *sessions.latest):
             at.column("key" if c == sessions.key else "latest", c)
         return cls("sessions", sessions.table, S.SessionSpec.of(sessions, at.duration(sessions.gap).seconds))
+
+    def checks(self):
+        return (*map(not_null, (self.spec.key, "session_id", "session_start", "session_end")),
+                after("session_end", "session_start", True), not_negative("events"))
 
     def reads(self) -> set[str]:
         return {self.spec.key, *self.spec.latest, *identifiers(e for _, e in self.spec.measures)}
@@ -69,6 +74,13 @@ class SessionTable(GoldTable):
         (target.alias("t").merge(source.alias("s"), cond)
          .whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
          .whenNotMatchedInsertAll(condition="s.status <> 'merged'").execute())
+
+    def close(self, target: DeltaTable, watermark_ms):
+        target.update(S.is_closing(self.spec, watermark_ms), {"status": F.lit("closed")})
+
+    def held(self, state):
+        """The sessions open in the query's state (`statestore` rows): key, id, start, last event, events."""
+        return S.open_sessions(state, self.spec)
 
     def expected(self, events, arrival, watermark_ms):
         return S.replay_sessions(events, arrival, self.spec, watermark_ms)

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from common.config import ConfigError
 from common.profile import Aggregation
 from gold import transform as T
+from gold.constraints import after, not_negative, not_null
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, Declaring, GoldTable, identifiers, register
 
 
@@ -50,6 +51,11 @@ class WindowedTable(GoldTable):
     def reads(self) -> set[str]:
         return {*self.group, *identifiers(m.expression for m in self.measures)}
 
+    def checks(self):
+        counts = [m.name for m in self.measures if getattr(m, "counts", False)]
+        return (not_null("window_start"), not_null("window_end"), after("window_end", "window_start", False),
+                *map(not_negative, counts))
+
     def build(self, events: DataFrame) -> DataFrame:
         """Each window's measures over `events`: a batch's part of the windows it touched, or,
         over all events, the table itself."""
@@ -82,6 +88,9 @@ class WindowedTable(GoldTable):
             cond += f" AND t.window_start >= TIMESTAMP '{hint}'"
         (target.alias("t").merge(rows.alias("s"), cond)
          .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    def close(self, target: DeltaTable, watermark_ms):
+        target.update(~F.col("finalized") & T.is_final(watermark_ms), {"finalized": F.lit(True)})
 
     def expected(self, events, arrival, watermark_ms):
         return T.with_finalized(self.build(events), watermark_ms)

@@ -339,6 +339,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
+FEED = "nest"          # the profile whose records this generator writes
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m tools.generator") -> int:
     args = _parser(prog).parse_args(argv)
     configure()
@@ -346,6 +349,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
         cfg = load_config()
     except ConfigError as e:
         log.error(f"config: {e}")
+        return 2
+    if cfg.profile.name != FEED:
+        # Another profile's landing holds its own feed (a dataset, not ours to add to): Nest
+        # records there would be quarantined by its silver, or pass as its rows.
+        log.error(f"the generator writes the {FEED} feed, but PROFILE is {cfg.profile.name} (landing "
+                  f"{cfg.landing}): run it with PROFILE={FEED}, the default")
         return 2
     overrides = {"devices": args.devices, "duplicate_rate": args.duplicate_rate, "late_rate": args.late_rate,
                  "malformed_rate": args.malformed_rate, "unknown_device_rate": args.unknown_device_rate,

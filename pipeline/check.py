@@ -1,0 +1,109 @@
+"""lakehouse check: a dry run. Everything a run would touch, checked without starting a query.
+
+    lakehouse check [all|bronze|silver|gold] [--source files|kafka] [--only KEYS] [--trigger ...]
+
+The config and its profile, each layer's GX suites (and the columns their expectations name,
+against the tables they gate), the sources (landing folder, Kafka broker), the object store,
+the tables that exist against the schemas the run writes, each checkpoint against the flow that
+owns it (its stateful operators and the shape of their state; which query wrote each gold
+table) and the checkpoint locks. Every problem is listed, each naming the file and key, the
+table or the checkpoint; the exit code is 2 if there is any. A run makes the same checks before
+its queries start (`lakehouse run`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from common.errors import JobError, command
+from common.flow import ORDER
+
+LAYER_CHOICES = ("all", *ORDER)
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("layer", nargs="?", choices=LAYER_CHOICES, default="all",
+                   help="the layers a run would run (default: all)")
+    p.add_argument("--source", choices=["files", "kafka"], help="bronze's source (default: conf bronze.source)")
+    p.add_argument("--only", help="comma-separated subset of the profile's gold tables, by key")
+    p.add_argument("--trigger", choices=["available-now", "processing-time"], help="as `lakehouse run`")
+    p.add_argument("--interval", help="as `lakehouse run`")
+    return p
+
+
+def declared(cfg, names, only) -> tuple[list, list[str]]:
+    """The layers that declare without error, and the errors of the others."""
+    from pipeline.runner import declare
+
+    layers, problems = [], []
+    for name in names:
+        try:
+            layers += declare(cfg, [name], {"gold": {"only": only}})
+        except JobError as e:
+            problems.append(str(e))
+    return layers, problems
+
+
+def find_problems(cfg, layers, spark=None) -> list[str]:
+    """Every check, in the order a run meets them; Spark is started only for the checks needing
+    it (schemas, checkpoints), and only once the config has loaded."""
+    from common.spark import session
+    from pipeline import checks
+    from pipeline.runner import preflight_problems
+
+    unreachable = checks.storage_problems(cfg)
+    if unreachable:
+        return unreachable + checks.validate_problems(layers)    # no table, checkpoint or lock can be read
+    problems = preflight_problems(layers) + checks.validate_problems(layers) + checks.lock_problems(cfg, layers)
+    with session(cfg, "check", spark) as spark:
+        expected = checks.expected_tables(spark, cfg, layers)
+        problems += checks.suite_problems(cfg, layers, checks.gated(spark, cfg, expected))
+        problems += checks.table_problems(spark, cfg, expected)
+        problems += checks.state_problems(spark, cfg, layers)
+        problems += owner_problems(spark, cfg, layers)
+    return problems
+
+
+def owner_problems(spark, cfg, layers) -> list[str]:
+    """Each gold table written by the checkpoint of the query that would write it now."""
+    from gold.owner import check_owner
+    from pipeline.checks import gold_tables
+
+    problems = []
+    for flow in (f for layer in layers if layer.name == "gold" for f in layer.flows):
+        try:
+            check_owner(spark, cfg, flow.name, gold_tables(cfg, flow))
+        except JobError as e:
+            problems.append(str(e))
+    return problems
+
+
+@command
+def main(argv=None, *, spark=None, env=None, prog: str = "pipeline.check") -> int:
+    from common.config import load_config
+    from pipeline.cli import overrides
+
+    args = parser(prog).parse_args(argv)
+    names = ORDER if args.layer == "all" else (args.layer,)
+    only = set(args.only.split(",")) if args.only else None
+    try:
+        cfg = load_config(env=env, overrides=overrides(args))
+    except JobError as e:               # nothing else can be checked without the config
+        problems = [str(e)]
+    else:
+        layers, problems = declared(cfg, names, only)
+        problems += find_problems(cfg, layers, spark)
+    if problems:
+        print(f"check: {len(problems)} problem{'s' if len(problems) > 1 else ''}")
+        for p in problems:
+            print(f"  - {p}")
+        return 2
+    flows = [f.name for layer in layers for f in layer.flows]
+    print(f"check: OK ({', '.join(layer.name for layer in layers)}: queries {', '.join(flows)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
