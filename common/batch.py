@@ -13,12 +13,13 @@ from __future__ import annotations
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.delta import TXN, commit_metadata
 from common.errors import KeptFailure
 from common.lineage import (batch_lineage, checkpoint_query_id, last_logged_batch, read_nothing,
                             source_lineage)
-from common.outputs import Merge, Result
+from common.outputs import Merge, Result, Update
 from common.quality import check_tables
 
 
@@ -31,6 +32,7 @@ class BatchContext:
     app_id: str              # "<query>-<checkpoint id>": the append key prefix of this query
     lineage: dict            # commit metadata of every write of this batch
     replay: bool = True      # its offsets were logged before this run: an attempt may have committed
+    session: Any = None      # the batch's SparkSession (a clone per query), whose conf holds commit metadata
     cached: list = field(default_factory=list)   # released once the batch has committed (or failed)
     gated: list = field(default_factory=list)    # the gates' runs, recorded beside the writes
 
@@ -100,7 +102,7 @@ class MicroBatch(QueryBody):
 
     def __call__(self, df, batch_id: int) -> None:
         self.in_pool(self.spark)
-        ctx = BatchContext(batch_id, self.app_id, self.lineage(batch_id), self.replay(batch_id))
+        ctx = BatchContext(batch_id, self.app_id, self.lineage(batch_id), self.replay(batch_id), df.sparkSession)
         with self.failure.keep():
             try:
                 result = self.compute(df, ctx)
@@ -151,8 +153,10 @@ class MicroBatch(QueryBody):
         keys = {out.key(ctx) for out, _ in chosen if isinstance(out, Merge)}
         if len(keys) > 1:
             raise ValueError(f"{self.query}: a batch commits its merges under one key, got {sorted(keys)}")
+        # Updates need no key (repeating one changes nothing), only the lineage.
+        updating = any(isinstance(out, Update) for out, _ in chosen)
         merging = (commit_metadata(df.sparkSession, {**ctx.lineage, TXN: {"app": keys.pop(), "version": ctx.batch_id}})
-                   if keys else nullcontext())
+                   if keys else commit_metadata(df.sparkSession, ctx.lineage) if updating else nullcontext())
         with merging:
             together(*writes, *(g.record for g in ctx.gated), book)
         return counts

@@ -75,6 +75,24 @@ class Merge:
 
 
 @dataclass(frozen=True)
+class Update:
+    """Rows changed in place by `apply(target DeltaTable, **args)`, for a change that repeating
+    leaves as it is (a flag set twice): a replay needs no key to find it, and the runner commits
+    it under the batch's lineage alone. (Delta commits no version when no row matches.)"""
+    name: str
+    path: str
+    apply: Callable
+
+    def writer(self, args: dict, ctx) -> Callable[[], None]:
+        from delta.tables import DeltaTable
+
+        def write():
+            spark = ctx.session
+            retry_on_conflict(lambda: self.apply(DeltaTable.forPath(spark, self.path), **args))
+        return write
+
+
+@dataclass(frozen=True)
 class Publish:
     """Rows sent by `send(rows)` to a sink where a replayed batch's repeat is harmless."""
     name: str

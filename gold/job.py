@@ -22,10 +22,10 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.config import ConfigError
-from common.delta import change_feed, commit_metadata, ensure_table, live_files, retry_on_conflict
+from common.delta import change_feed, ensure_table, live_files
 from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
-from common.outputs import Changed, Merge, Result
+from common.outputs import Changed, Merge, Publish, Result
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.errors import JobError
@@ -96,7 +96,7 @@ class GoldBatch(MicroBatch):
         self.tables = tables
         self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.merges = {out.name: out for out in outputs if isinstance(out, Merge)}
-        self.published = {out.name for out in outputs if not isinstance(out, Merge)}
+        self.published = {out.name for out in outputs if isinstance(out, Publish)}
         # Whether a table may hold rows the watermark has passed that no update carries: only
         # after a batch that wrote nothing, since every other batch emits what it closes; and at
         # a start, for what an earlier run left.
@@ -113,22 +113,6 @@ class GoldBatch(MicroBatch):
         rows = ctx.keep(spec.updates(batch, current, ctx.lineage["watermark_ms"], earliest))
         return (spec, rows, *spec.sizes(rows))
 
-    def close(self, session, ctx: BatchContext) -> None:
-        """What the batch's watermark passed, marked closed in place in every table (the
-        sessions it timed out, the windows it made final), so nothing stays open behind the
-        watermark waiting for events that may never come. A flag is all that changes: an
-        UPDATE per table, side by side, no fold, no gate, nothing counted as written. Marking
-        closed what is already closed changes nothing, so a replay needs no key: the commit
-        carries the batch's lineage for the audit."""
-        watermark = ctx.lineage["watermark_ms"]
-        with commit_metadata(session, ctx.lineage):
-            together(*[partial(retry_on_conflict, partial(self._close, session, spec, watermark))
-                       for spec in self.tables])
-        self.stale_behind, self.watermark = False, watermark
-
-    def _close(self, session, spec: GoldTable, watermark: int) -> None:
-        spec.close(DeltaTable.forPath(session, self.merges[spec.table].path), watermark)
-
     def compute(self, batch: DataFrame, ctx: BatchContext) -> Result:
         watermark = ctx.lineage["watermark_ms"]
         ctx.keep(batch)
@@ -142,9 +126,15 @@ class GoldBatch(MicroBatch):
         # are timeouts, whose values the table holds already. (A selection of the stateful
         # table alone hands over no events: there only the offset log can tell.)
         if (self.folding and not seen["events"]) or read_nothing(self.checkpoint, ctx.batch_id):
-            if watermark != self.watermark:
-                self.close(batch.sparkSession, ctx)
-            return Result({}, dict(rows_written=0))
+            # What its watermark passed is marked closed in place in every table (the sessions it
+            # timed out, the windows it made final), so nothing stays open waiting for events
+            # that may never come. Only flags change: an UPDATE per table, no fold, no gate,
+            # nothing counted as written (sinks.outputs).
+            if watermark == self.watermark:
+                return Result({}, dict(rows_written=0))
+            self.stale_behind, self.watermark = False, watermark
+            return Result({sinks.closing(spec): dict(watermark_ms=watermark) for spec in self.tables},
+                          dict(rows_written=0))
         # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
         # jobs are small, and one at a time the driver's part of each was most of a batch.
         folded = together(*[partial(self.fold, spec, batch, ctx, seen["earliest"]) for spec in self.tables])

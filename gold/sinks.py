@@ -1,13 +1,14 @@
 """Where a gold batch's rows go, declared (common/outputs.py): each table by MERGE with its
-kind's clauses (into an empty table, an idempotent append keyed by the batch), and the updated
-rows of a table that publishes to the compacted stats topic."""
+kind's clauses (into an empty table, an idempotent append keyed by the batch), what a batch
+without events closes by an UPDATE of the table in place, and the updated rows of a table that
+publishes to the compacted stats topic."""
 from __future__ import annotations
 
 from functools import partial
 
 from pyspark.sql import DataFrame
 
-from common.outputs import Changed, Merge, Publish
+from common.outputs import Changed, Merge, Publish, Update
 from gold import transform as T
 from gold.kinds import GoldTable
 
@@ -17,16 +18,24 @@ KEY = "gold"
 
 
 def outputs(cfg, spec: GoldTable) -> tuple:
-    """A table's outputs: its MERGE by key, and its stats when the table publishes them."""
-    merge_ = Merge(spec.table, cfg.table_path("gold", spec.table), spec.keys, spec.merge, spec.live, KEY)
+    """A table's outputs: its MERGE by key, its closing UPDATE, and its stats when the table
+    publishes them."""
+    path = cfg.table_path("gold", spec.table)
+    declared = (Merge(spec.table, path, spec.keys, spec.merge, spec.live, KEY),
+                Update(closing(spec), path, spec.close))
     if spec.publish and cfg.gold.stats_to_kafka:
-        return merge_, Publish(stats(spec), partial(publish_stats, cfg, spec))
-    return (merge_,)
+        return (*declared, Publish(stats(spec), partial(publish_stats, cfg, spec)))
+    return declared
 
 
 def stats(spec: GoldTable) -> str:
     """The name of a table's stats output."""
     return f"{spec.table} stats"
+
+
+def closing(spec: GoldTable) -> str:
+    """The name of a table's closing UPDATE output."""
+    return f"{spec.table} closing"
 
 
 def merge(spark, path: str, spec: GoldTable, rows: DataFrame, watermark_ms: int, ctx,
