@@ -21,14 +21,17 @@ class Operator:
 
 
 def operators(spark, checkpoint: str) -> list[Operator]:
-    """The checkpoint's stateful operators; [] when it has none (or does not exist)."""
+    """The checkpoint's stateful operators that hold state; [] when it has none (or does not
+    exist). An operator of a query that never committed a batch (killed in its first one) is
+    described in the checkpoint but holds nothing yet: its latest batch is -1, which no state
+    read accepts, and its restart starts it from nothing anyway."""
     from common.internals import has_state_folder
 
     if not has_state_folder(checkpoint):
         return []
     rows = spark.read.format("state-metadata").load(checkpoint).collect()
     return [Operator(r.operatorId, r.operatorName, r.stateStoreName, r.numPartitions, r.maxBatchId)
-            for r in sorted(rows, key=lambda r: r.operatorId)]
+            for r in sorted(rows, key=lambda r: r.operatorId) if r.maxBatchId >= 0]
 
 
 def rows(spark, checkpoint: str, op: Operator):

@@ -124,6 +124,32 @@ def test_state_counts_silver_dedup_keys_with_their_event_times(spark, tmp_path, 
         drop_names(spark)
 
 
+def test_a_checkpoint_killed_in_its_first_batch_holds_no_state_and_starts_again(spark, tmp_path):
+    """Killed before its first commit, a stateful query leaves its operators described in the
+    checkpoint with no committed batch (-1): the state check and `state` pass over them (no
+    state read takes batch -1), and the query starts again. A run that refused here would
+    refuse for good."""
+    from common import state
+    from pipeline.checks import state_problems
+    from pipeline.runner import declare
+
+    cfg = isolated_config(tmp_path)
+    write_locations(cfg.locations_csv)
+    append_bronze(spark, cfg, [record(camera("cam-0001", at("10:00")))])
+    run_silver(spark, cfg, no_data_batch=False)
+    try:
+        checkpoint = Path(cfg.checkpoint("silver"))
+        for f in (checkpoint / "commits").iterdir():
+            f.unlink()                                  # batch 0 never committed
+        assert [f.name for f in (checkpoint / "offsets").iterdir() if f.name.isdigit()] == ["0"]
+        assert state.operators(spark, str(checkpoint)) == []
+        assert state_problems(spark, cfg, declare(cfg, ["silver"])) == []
+        assert run_silver(spark, cfg, no_data_batch=False) == [0]       # replayed, and committed
+        assert [op.batch for op in state.operators(spark, str(checkpoint))] == [0]
+    finally:
+        drop_names(spark)
+
+
 # --- lakehouse check -------------------------------------------------------------------------
 
 def checked(capsys, argv, **kw) -> tuple[int, list[str]]:
