@@ -97,11 +97,9 @@ class GoldBatch(MicroBatch):
         self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.merges = {out.name: out for out in outputs if isinstance(out, Merge)}
         self.published = {out.name for out in outputs if isinstance(out, Publish)}
-        # Whether a table may hold rows the watermark has passed that no update carries: only
-        # after a batch that wrote nothing, since every other batch emits what it closes; and at
-        # a start, for what an earlier run left.
-        self.stale_behind = True
-        self.watermark = None        # the last batch's, once it wrote: None at a start
+        # The watermark the last batch of this run applied; None at a start, when the tables may
+        # hold rows an earlier run left open behind it that no update carries (stale_behind).
+        self.watermark = None
 
     def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None) -> tuple | None:
         """The table's update for the batch, cached, and its sizes; None if a replay finds the
@@ -132,7 +130,7 @@ class GoldBatch(MicroBatch):
             # nothing counted as written (sinks.outputs).
             if watermark == self.watermark:
                 return Result({}, dict(rows_written=0))
-            self.stale_behind, self.watermark = False, watermark
+            self.watermark = watermark
             return Result({sinks.closing(spec): dict(watermark_ms=watermark) for spec in self.tables},
                           dict(rows_written=0))
         # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
@@ -145,11 +143,11 @@ class GoldBatch(MicroBatch):
         for spec, rows, n, _, hint in changed:
             if n:
                 out[spec.table] = Changed(rows.drop(CLOSING), dict(watermark_ms=watermark, hint=hint,
-                                                                   stale_behind=self.stale_behind))
+                                                                   stale_behind=self.watermark is None))
                 if sinks.stats(spec) in self.published:
                     out[sinks.stats(spec)] = touched(rows)
         # (A batch that fails to commit stops the query; a restart builds a new body.)
-        self.stale_behind, self.watermark = False, watermark
+        self.watermark = watermark
         return Result(out, dict(rows_written=sum(f[2] for f in changed)))
 
 
