@@ -86,6 +86,9 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
                             _on_time_counter(spark, silver_path, histories[name], mine, cfg.gold.watermark)).as_dict()
 
     work = {name: (lambda name=name: gold(name)) for name in names if name.startswith("gold.")}
+    if (not only or only == "silver.late_events") and {"silver.late_events", "ops.batch_accounting"} <= present:
+        work["late books"] = lambda: B.late_books(spark, paths["silver.late_events"],
+                                                  paths["ops.batch_accounting"]).as_dict()
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
         work[silver_name + " books"] = lambda: B.silver_books(spark, cfg, paths, recorded).as_dict()
     done = dict(zip(work, together(*work.values())))
