@@ -25,7 +25,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup fetch lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes restore reset-gold
+        seed-locations sql demo audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes backfill restore reset-gold
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -156,6 +156,9 @@ diff: $(READY) ## Rows added/removed between two versions: TABLE=gold.x FROM=3 T
 changes: $(READY) ## A table's change data feed: TABLE=gold.x FROM=3 [TO=7] (LIMIT=N, JSON=1)
 	@test -n "$(TABLE)" -a -n "$(FROM)" || { echo "usage: make changes TABLE=<layer.table> FROM=<version> [TO=<version>] [LIMIT=N] [JSON=1]" >&2; exit 2; }
 	@$(PY) -m audit.changes "$(TABLE)" --from "$(FROM)" $(if $(TO),--to "$(TO)") $(if $(LIMIT),--limit "$(LIMIT)") $(if $(JSON),--json)
+
+backfill: $(READY) ## Fold the late events kept in silver.late_events into gold (FROM=, TO= event times; DRY=1); gold must not be running
+	@$(PY) -m gold.backfill $(if $(FROM),--from "$(FROM)") $(if $(TO),--to "$(TO)") $(if $(DRY),--dry-run)
 
 restore: $(READY) ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks first; YES=1 does not)
 	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }

@@ -29,7 +29,10 @@ class Version:
     @property
     def made_by(self) -> str:
         if self.lineage:
-            return f"{self.lineage['query']}#{self.lineage['batch_id']}"
+            made = f"{self.lineage['query']}#{self.lineage['batch_id']}"
+            if "backfill" in self.lineage:       # gold/backfill.py: after that batch
+                return f"{self.lineage['backfill']['id']} (after {made})"
+            return made
         if self.tool:
             return self.tool
         return "" if self.operation == "CREATE TABLE" else "outside the pipeline"

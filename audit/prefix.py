@@ -317,23 +317,63 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
                           "so no silver snapshot equals what it read")
         else:
             recompute.append((v, k, batch, check))
+    backfills = backfilled(spark, cfg, history, at_version)
     consumed = sorted({b.upstream for _, _, b, _ in recompute if b is not None and b.upstream >= 0})
     prefixes = SilverPrefixes(spark, silver_path, consumed, batches, row_versions(spark, silver_path))
     try:
         empty = spark.read.format("delta").load(silver_path).limit(0).withColumn(ROW_VERSION, F.lit(0).cast("long"))
         pairs, expected_by_batch = [], {}
         for v, k, batch, check in recompute:
-            if k not in expected_by_batch:
+            folded = tuple(b for b in backfills if b.version <= v.version)
+            if (k, folded) not in expected_by_batch:
                 if batch is None or batch.upstream < 0:
                     events = on_time_events(empty, [], cfg.gold.watermark)
                 else:
                     events = on_time_events(prefixes.at(batch.upstream), batches, cfg.gold.watermark)
-                expected_by_batch[k] = spec.expected(events, ARRIVAL, batch.watermark_ms if batch else 0)
-            pairs.append((expected_by_batch[k], read_version(spark, path, v.version), check))
+                expected_by_batch[(k, folded)] = spec.expected(with_backfilled(events, folded), ARRIVAL,
+                                                               batch.watermark_ms if batch else 0)
+            pairs.append((expected_by_batch[(k, folded)], read_version(spark, path, v.version), check))
         compare_many(pairs)
     finally:
         prefixes.release()
     return checks
+
+
+@dataclass(frozen=True)
+class Backfilled:
+    """A backfill's commit to the table (gold/backfill.py): from `version` on, the table also
+    holds `events` (late silver rows), folded in after the batch of index `after`."""
+    version: int
+    id: str
+    after: int
+    events: object = field(compare=False, hash=False)
+
+
+def backfilled(spark, cfg, history: list[Version], at_version: dict) -> list[Backfilled]:
+    from gold.backfill import BACKFILL
+    from gold.late import TABLE
+
+    found = [(v.version, v.lineage[BACKFILL]["id"]) for v in history if v.lineage and BACKFILL in v.lineage]
+    if not found:
+        return []
+    late = spark.read.format("delta").load(cfg.table_path("silver", TABLE))
+    return [Backfilled(version, i, at_version[version],
+                       late.where(F.col("backfilled_by") == i).dropDuplicates(["event_id"]))
+            for version, i in found]
+
+
+def with_backfilled(events: DataFrame, folded: tuple) -> DataFrame:
+    """The on-time events and the backfilled ones, in the order gold folded them: a backfill's
+    after its batch's (arrival indexes doubled, so each backfill fits between two batches)."""
+    if not folded:
+        return events
+    out = events.withColumn(ARRIVAL, F.col(ARRIVAL) * 2)
+    for b in folded:
+        extra = b.events.withColumn(ARRIVAL, F.lit(2 * b.after + 1))
+        # (silver may have gained columns since: the late copy lacks them, as NULLs)
+        out = out.unionByName(extra.select(*[c for c in out.columns if c in extra.columns]),
+                              allowMissingColumns=True)
+    return out
 
 
 def first_failure(checks: list[VersionCheck]) -> VersionCheck | None:

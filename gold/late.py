@@ -30,7 +30,9 @@ _JSON = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}
 FOUND = [StructField("late_for", StringType(), False),        # whose watermark it missed: gold
          StructField("found_by_query", StringType(), False),
          StructField("found_in_batch", LongType(), False),
-         StructField("found_watermark", TimestampType(), True)]
+         StructField("found_watermark", TimestampType(), True),
+         StructField("backfilled_by", StringType(), True),     # the backfill that folded it into gold
+         StructField("backfilled_at", TimestampType(), True)]
 
 
 def schema(silver_schema: StructType) -> StructType:
@@ -50,7 +52,9 @@ def rows(batch: DataFrame, silver_schema: StructType, query: str, batch_id: int,
             .withColumn("late_for", F.lit("gold"))
             .withColumn("found_by_query", F.lit(query))
             .withColumn("found_in_batch", F.lit(batch_id).cast("long"))
-            .withColumn("found_watermark", F.timestamp_millis(F.lit(watermark_ms))))
+            .withColumn("found_watermark", F.timestamp_millis(F.lit(watermark_ms)))
+            .withColumn("backfilled_by", F.lit(None).cast("string"))
+            .withColumn("backfilled_at", F.lit(None).cast("timestamp")))
 
 
 def ensure(spark, cfg, silver_schema: StructType) -> str:

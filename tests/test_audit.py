@@ -324,6 +324,108 @@ def test_restore_brings_back_the_old_content_and_the_audit_sees_it(spark, lake, 
 MANY_VERSIONS = 21
 
 
+# --- backfill of late events --------------------------------------------------------------
+
+def _gold_snapshot(spark, cfg) -> dict:
+    from common.delta import table_version
+    return {t: table_version(spark, cfg.table_path("gold", t)) for t in TABLES["gold"]}
+
+
+def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(spark, lake, tmp_path):
+    """Both late events (cam-0002 10:20, cam-0001 12:10) reach their windows and sessions in one
+    MERGE per table whose lineage names the backfill; the audit's recompute adds them in the
+    order they were folded and every version passes; a second backfill finds nothing pending
+    and writes nothing; then the stream goes on over the backfilled tables, still proven."""
+    from pyspark.sql import functions as F
+
+    from gold.backfill import main as backfill_main
+
+    cfg = copy_lake(spark, lake, tmp_path)
+    sightings = cfg.table_path("gold", "zip_hourly_sightings")
+    hour = lambda: (spark.read.format("delta").load(sightings)  # noqa: E731
+                    .where((F.col("zip_code") == "94105") & (F.hour("window_start") == 10)).first())
+    assert hour().events == 1 and hour().finalized
+    before = _gold_snapshot(spark, cfg)
+
+    assert backfill_main(["--json"], spark=spark, cfg=cfg) == 0
+    late = spark.read.format("delta").load(cfg.table_path("silver", "late_events")).collect()
+    ids = {r.backfilled_by for r in late}
+    assert len(ids) == 1 and None not in ids
+    (backfill_id,) = ids
+    after = _gold_snapshot(spark, cfg)
+    assert all(after[t] == before[t] + 1 for t in before), (before, after)
+    assert hour().events == 2 and hour().finalized            # the 10:20 event, in its hour
+    # cam-0002's 10:00 session took in its 10:20 event; cam-0001's 11:30-12:00 its 12:10 one
+    sessions = {(r.device_id, r.session_start.strftime("%H:%M")): r for r in
+                spark.read.format("delta").load(cfg.table_path("gold", "device_sessions")).collect()}
+    assert sessions[("cam-0002", "10:00")].session_end.strftime("%H:%M") == "10:20"
+    assert sessions[("cam-0002", "10:00")].events == 2 and sessions[("cam-0002", "10:00")].status == "closed"
+    assert sessions[("cam-0001", "11:30")].session_end.strftime("%H:%M") == "12:10"
+    # every gold event of silver is now in the hourly table: on time and backfilled
+    silver = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
+    total = spark.read.format("delta").load(sightings).agg(F.sum("events")).first()[0]
+    assert total == silver
+
+    report = run_audit(spark, cfg)
+    assert report["ok"], report["failures"]
+    for table in GOLD:
+        checks = prefix(report, table)
+        folded = [c for c in checks if (c["made_by"] or "").startswith(backfill_id)]
+        assert len(folded) == 1 and folded[0]["status"] == "PASS", (table, checks)
+
+    # nothing pending: nothing written
+    assert backfill_main([], spark=spark, cfg=cfg) == 0
+    assert _gold_snapshot(spark, cfg) == after
+
+    # the stream goes on: another round, its batches fold onto the backfilled rows (the copy's
+    # bronze starts a new file checkpoint: the old one names the original's landing files)
+    shutil.rmtree(cfg.checkpoint("bronze_files"))
+    for landed in Path(cfg.landing).glob("round-*.json"):
+        landed.unlink()
+    run_round(spark, cfg, len(ROUNDS), [record(("cam-0002", "16:00"), ("cam-0003", "16:10"))])
+    report = run_audit(spark, cfg)
+    assert report["ok"], report["failures"]
+    assert _gold_snapshot(spark, cfg)["zip_hourly_sightings"] > after["zip_hourly_sightings"]
+    forget_names(spark)
+
+
+def test_a_backfill_killed_after_choosing_its_events_is_finished_by_the_next(spark, lake, tmp_path):
+    """The events are marked first, then each table written once: a backfill that stopped after
+    the mark and one table is completed, table by table, by the next run, before anything new."""
+    from gold.backfill import Backfill, backfilled_ids
+
+    cfg = copy_lake(spark, lake, tmp_path)
+    job = Backfill(spark, cfg)
+    pending = job.late()
+    job.mark("backfill-killed", pending)
+    first = job.specs[0]
+    job.apply("backfill-killed", job.late().where("backfilled_by = 'backfill-killed'"),
+              {spec.table: (set() if spec is first else {"backfill-killed"}) for spec in job.specs})
+    assert "backfill-killed" in backfilled_ids(spark, cfg.table_path("gold", first.table))
+    assert "backfill-killed" not in backfilled_ids(spark, cfg.table_path("gold", job.specs[1].table))
+
+    outcome = Backfill(spark, cfg).run()
+    assert outcome.resumed == ["backfill-killed"] and outcome.events == 0 and outcome.id is None
+    for spec in job.specs:
+        ids = backfilled_ids(spark, cfg.table_path("gold", spec.table))
+        assert ids == {"backfill-killed"}, spec.table       # once each, the first table not twice
+    report = run_audit(spark, cfg)
+    assert report["ok"], report["failures"]
+    forget_names(spark)
+
+
+def test_backfill_refuses_while_gold_runs_and_changes_nothing(spark, lake, tmp_path):
+    from common.checkpoint_lock import CheckpointLocks
+    from gold.backfill import main as backfill_main
+
+    cfg = copy_lake(spark, lake, tmp_path)
+    before = _gold_snapshot(spark, cfg)
+    with CheckpointLocks(cfg, ["gold"]):
+        assert backfill_main([], spark=spark, cfg=cfg) == 2
+    assert _gold_snapshot(spark, cfg) == before
+    forget_names(spark)
+
+
 def test_audit_of_a_many_version_gold_table(spark, tmp_path):
     """Built by the real gold query over MANY_VERSIONS silver commits; the duration is reported
     by `make bench-audit`, here it is only printed."""

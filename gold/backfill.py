@@ -1,0 +1,298 @@
+"""Backfill: fold the late events kept in silver.late_events into the gold rows they belong to.
+
+    lakehouse backfill [--from TIME] [--to TIME] [--dry-run]      (make backfill FROM= TO=)
+
+A late event missed gold's watermark: the windows and sessions it belongs to were (or could
+have been) finalized without it. A backfill restates them: each window's measures get the
+event's part (the same fold a micro-batch makes, gold/kinds), and each session it extends,
+joins or starts is rewritten and closed (the same merge the session operator makes,
+gold/sessions.py). One MERGE per table, whose lineage is the table's last batch's plus the
+backfill's id, so the audit proves the version: the recompute adds the backfilled events to the
+on-time ones, in the order they arrived (audit/prefix.py).
+
+Sessions still open live in the gold query's state store, which a backfill cannot change: a
+late event that would extend or join an open session stays pending until that session closes
+(and is reported). The gold query must not run meanwhile (its checkpoint lock is taken):
+bronze and silver keep ingesting, and late events keep accumulating for the next backfill.
+
+Exactly once: the chosen events are first marked with the backfill's id in silver.late_events
+(one commit), then each table is written once, skipped if its history already holds the id.
+A backfill killed half way is finished by the next one before it chooses anything new.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from common.errors import JobError, command
+from gold import late
+from gold.kinds import CLOSING, EVENT, LITERAL_TS, GoldTable
+
+BACKFILL = "backfill"        # the lineage key of a backfill's commits: {"id", "events"}
+
+
+@dataclass
+class Outcome:
+    id: str | None = None
+    events: int = 0                                    # late events folded in
+    resumed: list[str] = field(default_factory=list)   # unfinished backfills it completed
+    pending_open: int = 0                              # left pending: their session is open
+    tables: dict[str, int] = field(default_factory=dict)   # table -> its version after
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def backfilled_ids(spark, path: str) -> set[str]:
+    """Ids of the backfills a table's history holds."""
+    from delta.tables import DeltaTable
+
+    from common.lineage import parse
+
+    rows = DeltaTable.forPath(spark, path).history().select("userMetadata").collect()
+    return {lin[BACKFILL]["id"] for lin in (parse(r.userMetadata) for r in rows) if lin and BACKFILL in lin}
+
+
+def _base_lineage(spark, path: str) -> dict:
+    """The table's last batch's lineage, which a backfill commit carries (without its append
+    key): the audit places the backfill after that batch, and gold/owner.py keeps the query."""
+    from common.delta import TXN, last_lineage
+
+    lineage, outside = last_lineage(spark, path)
+    if lineage is None:
+        raise JobError(f"{path}: no gold batch has written it yet, so nothing can be late for it")
+    if outside:
+        version, operation = outside[-1]
+        raise JobError(f"{path} was changed outside the pipeline ({operation} at version {version}); "
+                       "its rows no longer hold what gold folded in, so a backfill cannot build on them")
+    return {k: v for k, v in lineage.items() if k not in (TXN, BACKFILL)}
+
+
+def _as_event_batch(events: DataFrame, specs) -> DataFrame:
+    """Late silver rows as the gold query hands on-time events to a batch (column EVENT)."""
+    from gold.job import event_columns
+
+    return events.select(F.struct(*event_columns(specs, events.columns)).alias(EVENT))
+
+
+def _session_dicts(rows, spec) -> list[dict]:
+    """Table rows of one key's sessions (times read as epoch ms) as gold.sessions folds them."""
+    return [{"id": r["session_id"], "start": r["_start"], "end": r["_end"], "events": r["events"],
+             "sums": {m: r[m] for m in spec.sums}, "latest": {c: r[c] for c in spec.latest},
+             "latest_at": r["_end"], "_status": r["status"]} for r in rows]
+
+
+_TIMES = ("session_start", "session_end")
+
+
+def _frame(spark, rows: list[dict], schema) -> DataFrame:
+    """Session rows (gold.sessions._row) as a DataFrame of the table's schema; times go through
+    epoch ms, not Python datetimes, whose conversion would follow the process's time zone."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    as_ms = StructType([StructField(f.name, LongType()) if f.name in _TIMES else f for f in schema.fields])
+    plain = [{**r, **{t: int(r[t].value // 1_000_000) for t in _TIMES}} for r in rows]
+    return (spark.createDataFrame(plain, as_ms)
+            .select(*[F.timestamp_millis(c).alias(c) if c in _TIMES else F.col(c) for c in schema.names]))
+
+
+def restate_sessions(spark, spec: GoldTable, table: DataFrame, events: DataFrame, watermark_ms: int):
+    """The session rows a backfill of `events` writes, and the keys it must leave pending (their
+    late events would extend or join a session still open at `watermark_ms`)."""
+    from gold import sessions as S
+
+    s = spec.spec
+    inputs = S.session_inputs(events, s).toPandas()
+    if inputs.empty:
+        return [], set()
+    keys = sorted(inputs[s.key].dropna().unique().tolist())
+    held = (table.where(F.col(s.key).isin(keys) & (F.col("status") != "merged"))
+            .withColumn("_start", F.unix_millis("session_start")).withColumn("_end", F.unix_millis("session_end"))
+            .collect())
+    by_key: dict = {}
+    for r in held:
+        by_key.setdefault(r[s.key], []).append(r)
+    out, pending = [], set()
+    for key, frame in inputs.groupby(s.key, sort=True):
+        before = _session_dicts(sorted(by_key.get(key, []), key=lambda r: r["_start"]), s)
+        status = {b["id"]: b.pop("_status") for b in before}
+        old = {b["id"]: dict(b) for b in before}
+        after, absorbed = S.fold_batch(key, [dict(b) for b in before], [frame], s)
+        changed = [a for a in after if a["id"] not in old or _differs(a, old[a["id"]])]
+        if any(status.get(i) != "closed" for i in absorbed) or not all(
+                S.is_closed(a, s.gap_ms, watermark_ms) for a in changed):
+            pending.add(key)
+            continue
+        out += [S._row(key, a, "closed", s) for a in changed]
+        out += [S._merged_notice(key, i, s) for i in sorted(absorbed)]
+    return out, pending
+
+
+def _differs(a: dict, b: dict) -> bool:
+    return any(a[k] != b[k] for k in ("start", "end", "events", "sums", "latest"))
+
+
+class Backfill:
+    def __init__(self, spark, cfg):
+        from gold.tables import for_config, query_name
+
+        self.spark, self.cfg = spark, cfg
+        self.specs = for_config(cfg)
+        self.query = query_name(cfg, self.specs)
+        self.late_path = cfg.table_path("silver", late.TABLE)
+        self.paths = {spec.table: cfg.table_path("gold", spec.table) for spec in self.specs}
+
+    def late(self) -> DataFrame:
+        from common.storage import is_delta_table
+
+        if not is_delta_table(self.late_path):
+            raise JobError(f"silver.{late.TABLE} does not exist at {self.late_path}: gold keeps late "
+                           "events there from its first run on; run gold first")
+        return self.spark.read.format("delta").load(self.late_path)
+
+    def run(self, since: datetime | None = None, until: datetime | None = None, dry_run: bool = False) -> Outcome:
+        from delta.tables import DeltaTable
+
+        outcome = Outcome()
+        rows = self.late()
+        marked = {r[0] for r in rows.where(F.col("backfilled_by").isNotNull())
+                  .select("backfilled_by").distinct().collect()}
+        done = {t: backfilled_ids(self.spark, p) for t, p in self.paths.items()}
+        for unfinished in sorted(i for i in marked if any(i not in ids for ids in done.values())):
+            if not dry_run:
+                self.apply(unfinished, rows.where(F.col("backfilled_by") == unfinished), done)
+            outcome.resumed.append(unfinished)
+        pending = rows.where(F.col("backfilled_by").isNull() & (F.col("found_by_query") == self.query)
+                             & (F.col("late_for") == "gold"))
+        if since is not None:
+            pending = pending.where(F.col("event_time") >= F.lit(since))
+        if until is not None:
+            pending = pending.where(F.col("event_time") < F.lit(until))
+        # One copy per event (a replayed batch appends none twice; a late event is found once).
+        pending = pending.dropDuplicates(["event_id"]).cache()
+        try:
+            held = set()
+            stateful = next((s for s in self.specs if s.stateful), None)
+            if stateful is not None:
+                path = self.paths[stateful.table]
+                _, held = restate_sessions(self.spark, stateful, DeltaTable.forPath(self.spark, path).toDF(),
+                                           pending, _base_lineage(self.spark, path)["watermark_ms"])
+                outcome.pending_open = pending.where(F.col(stateful.spec.key).isin(sorted(held))).count() if held else 0
+            chosen = pending.where(~F.col(stateful.spec.key).isin(sorted(held))) if held else pending
+            outcome.events = chosen.count()
+            if outcome.events and not dry_run:
+                outcome.id = f"backfill-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+                self.mark(outcome.id, chosen)
+                self.apply(outcome.id, self.late().where(F.col("backfilled_by") == outcome.id), done)
+        finally:
+            pending.unpersist()
+        from common.delta import table_version
+        outcome.tables = {t: table_version(self.spark, p) for t, p in self.paths.items()}
+        return outcome
+
+    def mark(self, backfill_id: str, chosen: DataFrame) -> None:
+        """The chosen events, named by the backfill before any gold table changes (one commit)."""
+        from delta.tables import DeltaTable
+
+        from common.lineage import PIPELINE, USER_METADATA_CONF, to_user_metadata
+
+        self.spark.conf.set(USER_METADATA_CONF, to_user_metadata(
+            {"pipeline": PIPELINE, "made_by": f"backfill {backfill_id}"}))
+        try:
+            (DeltaTable.forPath(self.spark, self.late_path).alias("t")
+             .merge(chosen.select("event_id", "found_by_query").alias("s"),
+                    "t.event_id = s.event_id AND t.found_by_query = s.found_by_query AND t.backfilled_by IS NULL")
+             .whenMatchedUpdate(set={"backfilled_by": F.lit(backfill_id),
+                                     "backfilled_at": F.current_timestamp()}).execute())
+        finally:
+            self.spark.conf.unset(USER_METADATA_CONF)
+
+    def apply(self, backfill_id: str, events: DataFrame, done: dict[str, set]) -> None:
+        """Each table not yet holding the backfill gets its MERGE, under the backfill's lineage."""
+        from delta.tables import DeltaTable
+
+        from common.lineage import USER_METADATA_CONF, to_user_metadata
+
+        events = events.dropDuplicates(["event_id"]).cache()
+        try:
+            n = events.count()
+            earliest = events.agg(F.date_format(F.min("event_time"), LITERAL_TS)).first()[0]
+            for spec in self.specs:
+                if backfill_id in done[spec.table]:
+                    continue
+                path = self.paths[spec.table]
+                lineage = _base_lineage(self.spark, path)
+                watermark = int(lineage["watermark_ms"])
+                target = DeltaTable.forPath(self.spark, path)
+                if spec.stateful:
+                    restated, held = restate_sessions(self.spark, spec, target.toDF(), events, watermark)
+                    if held:
+                        raise JobError(f"backfill {backfill_id}: its events of {sorted(held)[:5]} now extend "
+                                       f"a session open in gold.{spec.table}; nothing written to it")
+                    if not restated:
+                        continue
+                    rows = _frame(self.spark, restated, target.toDF().schema)
+                else:
+                    batch = _as_event_batch(events, self.specs)
+                    rows = spec.updates(batch, lambda: target.toDF(), watermark, earliest).drop(CLOSING)
+                self.spark.conf.set(USER_METADATA_CONF, to_user_metadata(
+                    {**lineage, BACKFILL: {"id": backfill_id, "events": n}}))
+                try:
+                    spec.merge(target, rows, watermark, None, False)
+                finally:
+                    self.spark.conf.unset(USER_METADATA_CONF)
+                done[spec.table].add(backfill_id)
+        finally:
+            events.unpersist()
+
+
+def _time(text: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO time: {text!r} (e.g. 2026-11-01T10:00:00Z)") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+@command
+def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
+    """Exit code: 0 done (or nothing pending), 2 something to fix first (gold running, ...)."""
+    import json
+
+    from common.checkpoint_lock import CheckpointLocks
+    from common.config import load_config
+    from common.log import configure
+
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from", dest="since", type=_time, help="only late events at or after this event time")
+    parser.add_argument("--to", dest="until", type=_time, help="only late events before this event time")
+    parser.add_argument("--dry-run", action="store_true", help="say what would be backfilled; change nothing")
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    args = parser.parse_args(argv)
+    configure()
+    cfg = cfg or load_config()
+    from audit.tables import spark_session
+    from gold.tables import for_config, query_name
+
+    with CheckpointLocks(cfg, [query_name(cfg, for_config(cfg))]), spark_session(cfg, spark, "backfill") as session:
+        outcome = Backfill(session, cfg).run(args.since, args.until, args.dry_run)
+    if args.json:
+        print(json.dumps(outcome.as_dict(), default=str))
+        return 0
+    verb = "would fold" if args.dry_run else "folded"
+    for i in outcome.resumed:
+        print(f"finished the interrupted {i}")
+    print(f"{outcome.id or 'backfill'}: {verb} {outcome.events} late event(s) into gold"
+          + (f"; {outcome.pending_open} stay pending: their session is still open" if outcome.pending_open else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
