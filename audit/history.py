@@ -16,6 +16,7 @@ class Version:
     lineage: dict | None              # the micro-batch that made it, None for other commits
     parameters: dict = field(default_factory=dict)
     tool: str = ""                    # a pipeline command that is not a stream (seed-locations)
+    backfill: str | None = None       # the id of the backfill that made it (gold/backfill.py)
 
     @property
     def upstream(self) -> str:
@@ -29,10 +30,7 @@ class Version:
     @property
     def made_by(self) -> str:
         if self.lineage:
-            made = f"{self.lineage['query']}#{self.lineage['batch_id']}"
-            if "backfill" in self.lineage:       # gold/backfill.py: after that batch
-                return f"{self.lineage['backfill']['id']} (after {made})"
-            return made
+            return f"{self.lineage['query']}#{self.lineage['batch_id']}"
         if self.tool:
             return self.tool
         return "" if self.operation == "CREATE TABLE" else "outside the pipeline"
@@ -91,7 +89,8 @@ def table_history(spark, path: str) -> list[Version]:
         tagged = parse(r.userMetadata) or {}
         history.append(Version(r.version, r.timestamp, r.operation, added, removed,
                                tagged if made_by_batch(tagged) else None,
-                               dict(r.operationParameters or {}), _tool(tagged)))
+                               dict(r.operationParameters or {}), _tool(tagged),
+                               (tagged.get("backfill") or {}).get("id")))
     return history
 
 

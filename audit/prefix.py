@@ -308,7 +308,9 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
         check = VersionCheck(v.version, v.operation, v.made_by,
                              batch.upstream if batch else -1, "SKIP")
         checks.append(check)
-        if v.lineage is None and v.operation != "CREATE TABLE":
+        if v.backfill:
+            check.note = "late events backfilled after the batch before it"
+        elif v.lineage is None and v.operation != "CREATE TABLE":
             check.note = "commit made outside the pipeline"
         if too_old(v, batch.upstream if batch else None):
             check.status, check.note = "VACUUMED", VACUUMED_NOTE.format(cfg.maintenance.audit_horizon)
@@ -350,10 +352,9 @@ class Backfilled:
 
 
 def backfilled(spark, cfg, history: list[Version], at_version: dict) -> list[Backfilled]:
-    from gold.backfill import BACKFILL
     from gold.late import TABLE
 
-    found = [(v.version, v.lineage[BACKFILL]["id"]) for v in history if v.lineage and BACKFILL in v.lineage]
+    found = [(v.version, v.backfill) for v in history if v.backfill]
     if not found:
         return []
     late = spark.read.format("delta").load(cfg.table_path("silver", TABLE))

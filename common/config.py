@@ -182,6 +182,8 @@ class GoldConf(Spec):
     expectations: ExistingFile
     max_files_per_trigger: PosInt
     change_feed: Bool
+    backfill: one_of("on_demand", "auto")   # late events: folded by `lakehouse backfill`, or by gold itself
+    backfill_delay: DurationValue           # auto: how long after a late event was found
 
 
 @spec

@@ -6,14 +6,16 @@ A late event missed gold's watermark: the windows and sessions it belongs to wer
 have been) finalized without it. A backfill restates them: each window's measures get the
 event's part (the same fold a micro-batch makes, gold/kinds), and each session it extends,
 joins or starts is rewritten and closed (the same merge the session operator makes,
-gold/sessions.py). One MERGE per table, whose lineage is the table's last batch's plus the
-backfill's id, so the audit proves the version: the recompute adds the backfilled events to the
-on-time ones, in the order they arrived (audit/prefix.py).
+gold/sessions.py). One MERGE per table, a commit of the pipeline named by the backfill's id, so the audit proves
+the version: the recompute of the batch before it adds the backfilled events to the on-time
+ones, in the order they were folded (audit/prefix.py).
 
 Sessions still open live in the gold query's state store, which a backfill cannot change: a
 late event that would extend or join an open session stays pending until that session closes
-(and is reported). The gold query must not run meanwhile (its checkpoint lock is taken):
-bronze and silver keep ingesting, and late events keep accumulating for the next backfill.
+(and is reported). Nothing else may write gold meanwhile: with gold stopped the command holds
+its checkpoint lock; while gold runs it leaves a request, and the gold query's next batch runs
+the backfill before its own fold (InBatch; with `gold.backfill: auto` also by itself, a delay
+after it found late events).
 
 Exactly once: the chosen events are first marked with the backfill's id in silver.late_events
 (one commit), then each table is written once, skipped if its history already holds the id.
@@ -59,10 +61,11 @@ def backfilled_ids(spark, path: str) -> set[str]:
     return {lin[BACKFILL]["id"] for lin in (parse(r.userMetadata) for r in rows) if lin and BACKFILL in lin}
 
 
-def _base_lineage(spark, path: str) -> dict:
-    """The table's last batch's lineage, which a backfill commit carries (without its append
-    key): the audit places the backfill after that batch, and gold/owner.py keeps the query."""
-    from common.delta import TXN, last_lineage
+def watermark_ms(spark, path: str) -> int:
+    """The watermark of the table's last batch: what it holds as final or closed. A backfill
+    decides by it (a later batch's watermark only closes more), and the audit places the
+    backfill's commit after that batch."""
+    from common.delta import last_lineage
 
     lineage, outside = last_lineage(spark, path)
     if lineage is None:
@@ -71,7 +74,7 @@ def _base_lineage(spark, path: str) -> dict:
         version, operation = outside[-1]
         raise JobError(f"{path} was changed outside the pipeline ({operation} at version {version}); "
                        "its rows no longer hold what gold folded in, so a backfill cannot build on them")
-    return {k: v for k, v in lineage.items() if k not in (TXN, BACKFILL)}
+    return int(lineage["watermark_ms"])
 
 
 def _as_event_batch(events: DataFrame, specs) -> DataFrame:
@@ -182,7 +185,7 @@ class Backfill:
             if stateful is not None:
                 path = self.paths[stateful.table]
                 _, held = restate_sessions(self.spark, stateful, DeltaTable.forPath(self.spark, path).toDF(),
-                                           pending, _base_lineage(self.spark, path)["watermark_ms"])
+                                           pending, watermark_ms(self.spark, path))
                 outcome.pending_open = pending.where(F.col(stateful.spec.key).isin(sorted(held))).count() if held else 0
             chosen = pending.where(~F.col(stateful.spec.key).isin(sorted(held))) if held else pending
             outcome.events = chosen.count()
@@ -200,24 +203,22 @@ class Backfill:
         """The chosen events, named by the backfill before any gold table changes (one commit)."""
         from delta.tables import DeltaTable
 
-        from common.lineage import PIPELINE, USER_METADATA_CONF, to_user_metadata
+        from common.delta import commit_metadata
+        from common.lineage import PIPELINE
 
-        self.spark.conf.set(USER_METADATA_CONF, to_user_metadata(
-            {"pipeline": PIPELINE, "made_by": f"backfill {backfill_id}"}))
-        try:
+        with commit_metadata(self.spark, {"pipeline": PIPELINE, "made_by": f"backfill {backfill_id}"}):
             (DeltaTable.forPath(self.spark, self.late_path).alias("t")
              .merge(chosen.select("event_id", "found_by_query").alias("s"),
                     "t.event_id = s.event_id AND t.found_by_query = s.found_by_query AND t.backfilled_by IS NULL")
              .whenMatchedUpdate(set={"backfilled_by": F.lit(backfill_id),
                                      "backfilled_at": F.current_timestamp()}).execute())
-        finally:
-            self.spark.conf.unset(USER_METADATA_CONF)
 
     def apply(self, backfill_id: str, events: DataFrame, done: dict[str, set]) -> None:
         """Each table not yet holding the backfill gets its MERGE, under the backfill's lineage."""
         from delta.tables import DeltaTable
 
-        from common.lineage import USER_METADATA_CONF, to_user_metadata
+        from common.delta import commit_metadata
+        from common.lineage import PIPELINE
 
         events = events.dropDuplicates(["event_id"]).cache()
         try:
@@ -227,8 +228,7 @@ class Backfill:
                 if backfill_id in done[spec.table]:
                     continue
                 path = self.paths[spec.table]
-                lineage = _base_lineage(self.spark, path)
-                watermark = int(lineage["watermark_ms"])
+                watermark = watermark_ms(self.spark, path)
                 target = DeltaTable.forPath(self.spark, path)
                 if spec.stateful:
                     restated, held = restate_sessions(self.spark, spec, target.toDF(), events, watermark)
@@ -241,15 +241,84 @@ class Backfill:
                 else:
                     batch = _as_event_batch(events, self.specs)
                     rows = spec.updates(batch, lambda: target.toDF(), watermark, earliest).drop(CLOSING)
-                self.spark.conf.set(USER_METADATA_CONF, to_user_metadata(
-                    {**lineage, BACKFILL: {"id": backfill_id, "events": n}}))
-                try:
+                # A commit of the pipeline, not of a batch: the audit holds the version to the
+                # batch before it plus the backfilled events, whatever batch that is.
+                with commit_metadata(self.spark, {"pipeline": PIPELINE, "made_by": f"backfill {backfill_id}",
+                                                  BACKFILL: {"id": backfill_id, "events": n}}):
                     spec.merge(target, rows, watermark, None, False)
-                finally:
-                    self.spark.conf.unset(USER_METADATA_CONF)
                 done[spec.table].add(backfill_id)
         finally:
             events.unpersist()
+
+
+REQUEST = "gold.backfill-request"     # beside the checkpoints: what the running gold query should do
+
+
+def request_path(cfg):
+    from common.storage import location
+
+    return location(str(cfg.checkpoint_root)) / REQUEST
+
+
+def request(cfg, since: datetime | None, until: datetime | None) -> None:
+    """Leave a backfill for the running gold query: it folds it in at its next batch."""
+    import json
+
+    where = request_path(cfg)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text(json.dumps({"from": since.isoformat() if since else None,
+                                 "to": until.isoformat() if until else None,
+                                 "requested_at": datetime.now(timezone.utc).isoformat()}))
+
+
+class InBatch:
+    """The gold query's own backfills, run at the start of a batch, before its fold (so the
+    fold builds on them and nothing else writes gold meanwhile): a request the command left
+    while gold ran, or, with `gold.backfill: auto`, late events found `gold.backfill_delay` ago
+    or more. A batch that does neither checks a file's existence, no table."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.auto = cfg.gold.backfill == "auto"
+        self.delay = cfg.gold.backfill_delay.seconds
+        self.late_since: float | None = None     # monotonic time a pending late event was seen
+        self.looked = False
+
+    def found_late(self) -> None:
+        import time
+
+        if self.late_since is None:
+            self.late_since = time.monotonic()
+
+    def __call__(self, spark) -> Outcome | None:
+        """`spark`: the batch's own session (commit metadata set on it stays the query's)."""
+        import json
+        import logging
+        import time
+
+        from common.log import fields
+
+        where = request_path(self.cfg)
+        asked = json.loads(where.read_text()) if where.exists() else None
+        if self.auto and not self.looked:
+            # A start: late events an earlier run kept wait the delay from now.
+            self.looked = True
+            if self.late_since is None and Backfill(spark, self.cfg).late().where(
+                    "backfilled_by IS NULL").limit(1).count():
+                self.found_late()
+        due = self.auto and self.late_since is not None and time.monotonic() - self.late_since >= self.delay
+        if asked is None and not due:
+            return None
+        since, until = (_time(asked[k]) if asked and asked.get(k) else None for k in ("from", "to"))
+        outcome = Backfill(spark, self.cfg).run(since, until)
+        if asked is not None:
+            where.unlink(missing_ok=True)
+        self.late_since = time.monotonic() if outcome.pending_open else None
+        logging.getLogger(__name__).info(
+            f"{outcome.id or 'backfill'}: folded {outcome.events} late event(s) into gold"
+            + (f", {outcome.pending_open} wait for their session to close" if outcome.pending_open else ""),
+            extra=fields(event="backfill", **outcome.as_dict()))
+        return outcome
 
 
 def _time(text: str) -> datetime:
@@ -281,8 +350,22 @@ def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
     from audit.tables import spark_session
     from gold.tables import for_config, query_name
 
-    with CheckpointLocks(cfg, [query_name(cfg, for_config(cfg))]), spark_session(cfg, spark, "backfill") as session:
-        outcome = Backfill(session, cfg).run(args.since, args.until, args.dry_run)
+    from common.checkpoint_lock import CheckpointBusy
+
+    try:
+        locks = CheckpointLocks(cfg, [query_name(cfg, for_config(cfg))]).__enter__()
+    except CheckpointBusy as busy:
+        if args.dry_run:
+            raise JobError(f"gold is running ({busy}); a dry run needs it stopped") from None
+        request(cfg, args.since, args.until)
+        print(f"gold is running: backfill requested ({request_path(cfg)}); its next batch folds the "
+              "pending late events in before its own (see `make status` and the gold log)")
+        return 0
+    try:
+        with spark_session(cfg, spark, "backfill") as session:
+            outcome = Backfill(session, cfg).run(args.since, args.until, args.dry_run)
+    finally:
+        locks.__exit__(None, None, None)
     if args.json:
         print(json.dumps(outcome.as_dict(), default=str))
         return 0

@@ -36,6 +36,7 @@ from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
 from gold.constraints import by_name
 from gold.owner import check_owner
 from gold import late, sinks
+from gold.backfill import InBatch
 from gold.tables import for_config, query_name
 from silver.transform import FRONTIER
 
@@ -115,6 +116,9 @@ class GoldBatch(MicroBatch):
         self.late_schema = silver_schema if cfg.gold.watermark is not None else None
         if self.late_schema is not None:
             outputs += (Append(late.OUTPUT, cfg.table_path("silver", late.TABLE), late.KEY),)
+        # The query of every table folds backfills in (gold/backfill.py); a selection does not.
+        self.backfills = (InBatch(cfg) if self.late_schema is not None
+                          and (query or query_name(cfg, tables)) == query_name(cfg, for_config(cfg)) else None)
         # gates: table -> QualityGate (tables without a suite: none)
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", gates,
                          books, outputs)
@@ -138,6 +142,8 @@ class GoldBatch(MicroBatch):
 
     def compute(self, batch: DataFrame, ctx: BatchContext) -> Result:
         watermark = ctx.lineage["watermark_ms"]
+        if self.backfills is not None:
+            self.backfills(ctx.session)       # before the fold, which then builds on what it restated
         ctx.keep(batch)
         # One job counts the batch's events (and fills its cache) and finds the earliest.
         seen = aggregates_while_caching(
@@ -146,6 +152,8 @@ class GoldBatch(MicroBatch):
             *([F.count(late.LATE).alias("late")] if self.late_schema is not None else []))
         kept = {}
         if self.late_schema is not None and seen["late"]:
+            if self.backfills is not None:
+                self.backfills.found_late()
             kept[late.OUTPUT] = late.rows(batch, self.late_schema, self.query, ctx.batch_id, watermark)
         # No on-time event reached the stateful operator: Spark's watermark-only batch (at
         # the end of an available-now run, or when the feed goes quiet), one over silver

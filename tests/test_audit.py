@@ -79,11 +79,12 @@ def run_round(spark, cfg, n: int, lines: list[str]) -> None:
             query.awaitTermination()
 
 
-def lakehouse_config(root: Path):
+def lakehouse_config(root: Path, **settings: str):
     env = {k: v for k, v in os.environ.items()
            if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")
            and not k.startswith("LAKEHOUSE__")}
-    return load_config(env={**env, "LAKEHOUSE_ROOT": str(root / "lakehouse"), "TRIGGER": "available-now"})
+    return load_config(env={**env, "LAKEHOUSE_ROOT": str(root / "lakehouse"), "TRIGGER": "available-now",
+                            **settings})
 
 
 def forget_names(spark) -> None:
@@ -370,19 +371,29 @@ def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(
     assert report["ok"], report["failures"]
     for table in GOLD:
         checks = prefix(report, table)
-        folded = [c for c in checks if (c["made_by"] or "").startswith(backfill_id)]
+        folded = [c for c in checks if c["made_by"] == f"backfill {backfill_id}"]
         assert len(folded) == 1 and folded[0]["status"] == "PASS", (table, checks)
+
+    # a consumer of the change feed (docs/change-feed.md, as written) rebuilds each table from
+    # version 0 through the batches and the backfill
+    from gold.tables import by_table
+    from test_change_feed import documented_consumer
+
+    mirror, specs = documented_consumer(), by_table(cfg)
+    for table in TABLES["gold"]:
+        source = cfg.table_path("gold", table)
+        target = str(tmp_path / "mirror" / table)
+        mirror(spark, source, target, list(specs[table].keys), str(tmp_path / "mirror-cp" / table)).awaitTermination()
+        want = spark.read.format("delta").load(source)
+        got = spark.read.format("delta").load(target).select(*want.columns)
+        assert got.exceptAll(want).count() == 0 and want.exceptAll(got).count() == 0, table
 
     # nothing pending: nothing written
     assert backfill_main([], spark=spark, cfg=cfg) == 0
     assert _gold_snapshot(spark, cfg) == after
 
-    # the stream goes on: another round, its batches fold onto the backfilled rows (the copy's
-    # bronze starts a new file checkpoint: the old one names the original's landing files)
-    shutil.rmtree(cfg.checkpoint("bronze_files"))
-    for landed in Path(cfg.landing).glob("round-*.json"):
-        landed.unlink()
-    run_round(spark, cfg, len(ROUNDS), [record(("cam-0002", "16:00"), ("cam-0003", "16:10"))])
+    # the stream goes on: another round, its batches fold onto the backfilled rows
+    _next_round(spark, cfg, [record(("cam-0002", "16:00"), ("cam-0003", "16:10"))])
     report = run_audit(spark, cfg)
     assert report["ok"], report["failures"]
     assert _gold_snapshot(spark, cfg)["zip_hourly_sightings"] > after["zip_hourly_sightings"]
@@ -414,15 +425,54 @@ def test_a_backfill_killed_after_choosing_its_events_is_finished_by_the_next(spa
     forget_names(spark)
 
 
-def test_backfill_refuses_while_gold_runs_and_changes_nothing(spark, lake, tmp_path):
+def _next_round(spark, cfg, lines) -> None:
+    """Another round on a copy of the lakehouse (its bronze starts a new file checkpoint: the
+    copied one names the original's landing files)."""
+    shutil.rmtree(cfg.checkpoint("bronze_files"), ignore_errors=True)
+    for landed in Path(cfg.landing).glob("round-*.json"):
+        landed.unlink()
+    run_round(spark, cfg, len(ROUNDS), lines)
+
+
+def _backfilled(spark, cfg) -> set:
+    return {r.backfilled_by for r in spark.read.format("delta").load(cfg.table_path("silver", "late_events")).collect()}
+
+
+def test_a_backfill_asked_while_gold_runs_is_folded_in_by_its_next_batch(spark, lake, tmp_path):
+    """Gold holds its checkpoint: the command leaves a request instead, changes nothing itself,
+    and the gold query's next batch folds the late events in before its own rows."""
     from common.checkpoint_lock import CheckpointLocks
-    from gold.backfill import main as backfill_main
+    from gold.backfill import main as backfill_main, request_path
 
     cfg = copy_lake(spark, lake, tmp_path)
     before = _gold_snapshot(spark, cfg)
     with CheckpointLocks(cfg, ["gold"]):
-        assert backfill_main([], spark=spark, cfg=cfg) == 2
-    assert _gold_snapshot(spark, cfg) == before
+        assert backfill_main([], spark=spark, cfg=cfg) == 0
+    assert _gold_snapshot(spark, cfg) == before and _backfilled(spark, cfg) == {None}
+    assert request_path(cfg).exists()
+
+    _next_round(spark, cfg, [record(("cam-0002", "16:00"))])
+    assert not request_path(cfg).exists()
+    (backfill_id,) = _backfilled(spark, cfg)
+    assert backfill_id is not None
+    report = run_audit(spark, cfg)
+    assert report["ok"], report["failures"]
+    checks = prefix(report, "gold.zip_hourly_sightings")
+    made = [c["made_by"] for c in checks]
+    # the backfill's commit comes before the batch's own
+    assert made.index(f"backfill {backfill_id}") < len(made) - 1, made
+    forget_names(spark)
+
+
+def test_with_auto_backfill_gold_folds_late_events_in_after_the_delay(spark, lake, tmp_path):
+    """gold.backfill: auto. The next run finds the kept late events at its start; its batch a
+    second later (the watermark-only one that ends the run) folds them in."""
+    cfg = copy_lake(spark, lake, tmp_path)
+    auto = lakehouse_config(tmp_path, LAKEHOUSE__GOLD__BACKFILL="auto", LAKEHOUSE__GOLD__BACKFILL_DELAY="1 second")
+    _next_round(spark, auto, [record(("cam-0003", "16:00")), record(("cam-0003", "16:20"))])
+    assert None not in _backfilled(spark, cfg)
+    report = run_audit(spark, cfg)
+    assert report["ok"], report["failures"]
     forget_names(spark)
 
 
