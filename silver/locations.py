@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from common.config import load_config
 from common.catalog import register_table
-from common.delta import ensure_table, retention_properties
+from common.delta import ensure_table, retention_properties, table_version
 from common.errors import JobError, command
 from common.lineage import PIPELINE, to_user_metadata
 from common.log import configure, fields
@@ -75,7 +75,8 @@ def _read_history(spark, table: str, dim) -> tuple[list[Interval], frozenset[int
 def _iso(us: int | None) -> str | None:
     if us is None:
         return None
-    return datetime.fromtimestamp(us / 1e6, timezone.utc).isoformat().replace("+00:00", "Z")
+    t = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)     # exact, unlike a float
+    return t.isoformat().replace("+00:00", "Z")
 
 
 def load(spark, cfg, path=None) -> int | None:
@@ -104,8 +105,6 @@ def load(spark, cfg, path=None) -> int | None:
     _write(spark, cfg, table, dim, after, applied, fresh,
            {"pipeline": PIPELINE, "made_by": f"locations load {path}",
             "as_of": [_iso(s.as_of_us) for s in snapshots]})
-    from common.delta import table_version
-
     return table_version(spark, table)
 
 

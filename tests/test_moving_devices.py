@@ -126,3 +126,15 @@ def test_gold_per_zip_equals_a_point_in_time_recount_across_moves_and_every_vers
     report = run_audit(spark, cfg, only="gold.zip_hourly_sightings")
     checks = report["tables"][0]["prefix"]
     assert len(checks) >= 2 and {c["status"] for c in checks} == {"PASS"}, checks
+    # Silver's zips equal the join, at each event's time, with the dimension version each batch pinned.
+    silver_rows = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
+    attribution = run_audit(spark, cfg, only="silver.camera_events")["tables"][0]["attribution"]
+    assert (attribution["status"], attribution["rows_checked"], attribution["rows_unpinned"]) == \
+        ("PASS", silver_rows, 0), attribution
+    assert attribution["dimension_versions"] == [0, 2]
+    # ... and a zip edited by hand is found.
+    spark.sql(f"UPDATE delta.`{cfg.table_path('silver', 'camera_events')}` SET zip_code = '00000' "
+              "WHERE device_id = 'cam-0002' AND event_time >= '2026-11-01 10:00:00'")
+    edited = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).where("zip_code = '00000'").count()
+    attribution = run_audit(spark, cfg, only="silver.camera_events")["tables"][0]["attribution"]
+    assert (attribution["status"], attribution["rows_differ"]) == ("FAIL", edited) and edited > 10
