@@ -92,6 +92,9 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
     dimension = cfg.profile.dimension
     if silver_name in names and dimension and f"silver.{dimension.table}" in present:
         work[silver_name + " attribution"] = lambda: check_attribution(spark, cfg, silver_path, histories[silver_name])
+    if (not only or only == "silver.late_events") and {"silver.late_events", "ops.batch_accounting"} <= present:
+        work["late books"] = lambda: B.late_books(spark, paths["silver.late_events"],
+                                                  paths["ops.batch_accounting"]).as_dict()
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
         work[silver_name + " books"] = lambda: B.silver_books(spark, cfg, paths, recorded).as_dict()
     done = dict(zip(work, together(*work.values())))

@@ -25,7 +25,7 @@ from common.config import ConfigError
 from common.delta import change_feed, ensure_table, live_files
 from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
-from common.outputs import Changed, Merge, Publish, Result
+from common.outputs import Append, Changed, Merge, Publish, Result
 from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.errors import JobError
@@ -35,7 +35,7 @@ from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
 from gold.constraints import by_name
 from gold.owner import check_owner
-from gold import sinks
+from gold import late, sinks
 from gold.tables import for_config, query_name
 from silver.transform import FRONTIER
 
@@ -49,18 +49,31 @@ def event_columns(tables, silver_columns) -> list[str]:
     return [c for c in silver_columns if c.lower() in wanted]
 
 
-def gold_stream(spark, cfg, tables) -> DataFrame:
+def silver_stream(spark, cfg) -> DataFrame:
+    return (spark.readStream.format("delta").option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger)
+            .load(cfg.table_path("silver", cfg.silver_table)))
+
+
+def gold_stream(spark, cfg, tables, silver: DataFrame | None = None) -> DataFrame:
     """The gold query's streaming plan: one row per on-time event (column EVENT) for the tables
     folding events, one per row of the stateful table (column SESSION), from one read and one
-    shuffle of silver."""
+    shuffle of silver; a late event's row has only its silver row, as text (gold/late.py)."""
     wm = cfg.gold.watermark
     metrics = [F.count(F.lit(1)).alias("rows_in")]
     if wm is not None:   # without a watermark nothing is late (progress_counts reads 0)
         metrics.append(F.count(F.when(T.late(wm.seconds), 1)).alias("late"))
-    silver = (spark.readStream.format("delta").option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger)
-              .load(cfg.table_path("silver", cfg.silver_table)))
-    events = T.on_time(silver.observe(INPUT_METRICS, *metrics), wm)
-    events = events.select(*event_columns(tables, [c for c in silver.columns if c != FRONTIER]))
+    silver = silver_stream(spark, cfg) if silver is None else silver
+    observed = silver.observe(INPUT_METRICS, *metrics)
+    wanted = event_columns(tables, [c for c in silver.columns if c != FRONTIER])
+    if wm is None:
+        events, kept = observed.select(*wanted), []
+    else:
+        # Late rows go on, as text, to the batch that keeps them; their event time goes (the
+        # watermark ignores nulls) so they move nothing, as when they were dropped here.
+        marked = observed.withColumn(late.LATE, late.row(silver.columns, T.late(wm.seconds)))
+        marked = marked.withColumn("event_time", F.when(F.col(late.LATE).isNull(), F.col("event_time")))
+        events, kept = marked.withWatermark("event_time", wm.spark()).select(*wanted, late.LATE), [late.LATE]
+    on_time = F.col(late.LATE).isNull() if kept else F.lit(True)
     stateful = next((t for t in tables if t.stateful), None)
     folding = any(not t.stateful for t in tables)
     if stateful is not None:
@@ -71,14 +84,21 @@ def gold_stream(spark, cfg, tables) -> DataFrame:
             # the batch is read and shuffled once for every table.
             events = events.repartition(stateful.keys[0])      # its grouping key
             carried = events.columns     # else the branches prune differently: two shuffles
+        # Late rows too: a filter here would go below the shuffle, which the branches would then
+        # not share; the state function skips them (no event time).
         updates = stateful.stream(events, *carried)
-    passing = events.select(F.struct(*events.columns).alias(EVENT),
+    event = F.struct(*[c for c in events.columns if c not in kept])
+    passing = events.select(F.when(on_time, event).alias(EVENT), *kept,
                             *([F.lit(None).cast(updates.schema).alias(SESSION)] if stateful else []))
     if stateful is None:
         return passing
     sessioned = updates.select(F.lit(None).cast(passing.schema[EVENT].dataType).alias(EVENT),
-                               F.struct(*updates.columns).alias(SESSION))
-    return passing.unionByName(sessioned) if folding else sessioned
+                               *[F.lit(None).cast("string").alias(c) for c in kept],
+                               F.struct(*[c for c in updates.columns if c not in kept]).alias(SESSION))
+    if folding:
+        return passing.unionByName(sessioned)
+    # A selection of the stateful table alone hands over no events, but still its late rows.
+    return passing.where(~on_time).unionByName(sessioned) if kept else sessioned
 
 
 class GoldBatch(MicroBatch):
@@ -87,9 +107,14 @@ class GoldBatch(MicroBatch):
 
     layer = "gold"
 
-    def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None):
+    def __init__(self, spark, cfg, tables, gates: dict, books, query: str | None = None,
+                 silver_schema=None):
         tables = tuple(tables)
         outputs = tuple(out for spec in tables for out in sinks.outputs(cfg, spec))
+        # The silver rows of late events, kept (gold/late.py) when the stream carries them.
+        self.late_schema = silver_schema if cfg.gold.watermark is not None else None
+        if self.late_schema is not None:
+            outputs += (Append(late.OUTPUT, cfg.table_path("silver", late.TABLE), late.KEY),)
         # gates: table -> QualityGate (tables without a suite: none)
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", gates,
                          books, outputs)
@@ -117,7 +142,11 @@ class GoldBatch(MicroBatch):
         # One job counts the batch's events (and fills its cache) and finds the earliest.
         seen = aggregates_while_caching(
             batch, F.count(EVENT).alias("events"),
-            F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"))
+            F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"),
+            *([F.count(late.LATE).alias("late")] if self.late_schema is not None else []))
+        kept = {}
+        if self.late_schema is not None and seen["late"]:
+            kept[late.OUTPUT] = late.rows(batch, self.late_schema, self.query, ctx.batch_id, watermark)
         # No on-time event reached the stateful operator: Spark's watermark-only batch (at
         # the end of an available-now run, or when the feed goes quiet), one over silver
         # commits that changed no data (a compaction) or of late rows only. Its session rows
@@ -129,9 +158,9 @@ class GoldBatch(MicroBatch):
             # that may never come. Only flags change: an UPDATE per table, no fold, no gate,
             # nothing counted as written (sinks.outputs).
             if watermark == self.watermark:
-                return Result({}, dict(rows_written=0))
+                return Result(kept, dict(rows_written=0))
             self.watermark = watermark
-            return Result({sinks.closing(spec): dict(watermark_ms=watermark) for spec in self.tables},
+            return Result({**kept, **{sinks.closing(spec): dict(watermark_ms=watermark) for spec in self.tables}},
                           dict(rows_written=0))
         # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
         # jobs are small, and one at a time the driver's part of each was most of a batch.
@@ -139,7 +168,7 @@ class GoldBatch(MicroBatch):
         changed = [f for f in folded if f is not None]
         self.validate(ctx, *[(spec.table, T.quality_view(spec.live(touched(rows)), self.cfg.profile.dimension), live)
                              for spec, rows, n, live, _ in changed if live])
-        out = {}
+        out = dict(kept)
         for spec, rows, n, _, hint in changed:
             if n:
                 out[spec.table] = Changed(rows.drop(CLOSING), dict(watermark_ms=watermark, hint=hint,
@@ -178,6 +207,7 @@ def prepare_gold(spark, cfg, specs) -> None:
     # Distinct tables, so side by side.
     together(lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
              lambda: accounting.ensure_accounting(spark, cfg),
+             (lambda: late.ensure(spark, cfg, silver_schema)) if cfg.gold.watermark is not None else None,
              *[(lambda spec=spec: ensure_table(spark, cfg, "gold", spec.table,
                                                spec.output_schema(spark, silver_schema), (),
                                                change_feed(cfg.gold.change_feed), by_name(spec.checks())))
@@ -190,8 +220,9 @@ def start_query(spark, cfg, specs, suites: dict):
     gates = {spec.table: QualityGate(suites[f"gold.{spec.table}"]) for spec in specs
              if f"gold.{spec.table}" in suites}
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
-    batch = GoldBatch(spark, cfg, specs, gates, books, query)
-    running = (gold_stream(spark, cfg, specs).writeStream.queryName(query)
+    silver = silver_stream(spark, cfg)
+    batch = GoldBatch(spark, cfg, specs, gates, books, query, silver.schema)
+    running = (gold_stream(spark, cfg, specs, silver).writeStream.queryName(query)
                .outputMode("update")
                .foreachBatch(batch)
                .option("checkpointLocation", cfg.checkpoint(query))

@@ -150,7 +150,11 @@ def make_session_updater(spec: SessionSpec):
         (key_value,) = key
         sessions = json.loads(state.get[0]) if state.exists else []
         watermark = state.getCurrentWatermarkMs()
-        frames = [] if state.hasTimedOut else batches
+        # A late event reaches the function without an event time (gold/late.py keeps it, the
+        # stateful branch shares the batch's one shuffle): it is no event of a session.
+        frames = [] if state.hasTimedOut else [f for f in (b[b["event_ms"].notna()] for b in batches) if len(f)]
+        if not (state.hasTimedOut or frames):
+            return
         sessions, absorbed = fold_batch(key_value, sessions, frames, spec)
         closed = [s for s in sessions if is_closed(s, gap_ms, watermark)]
         still_open = [s for s in sessions if not is_closed(s, gap_ms, watermark)]

@@ -127,7 +127,7 @@ def prefix(report: dict, table: str) -> list[dict]:
 
 def test_every_streaming_commit_records_its_upstream_version_query_and_batch(spark, lake):
     expected_upstream = {"silver.camera_events": "bronze.events", "silver.quarantine": "bronze.events",
-                         **{g: "silver.camera_events" for g in GOLD}}
+                         "silver.late_events": "silver.camera_events", **{g: "silver.camera_events" for g in GOLD}}
     for name, upstream in expected_upstream.items():
         history = table_history(spark, lake.cfg.table_path(*name.split(".")))
         # Compaction (auto or make maintain) and VACUUM change no rows and read no upstream.
@@ -204,7 +204,7 @@ def test_a_clean_pipeline_passes_every_audit(lake):
         assert {c["status"] for c in checks} == {"PASS"}, table
         assert any(c["actual_rows"] for c in checks)
     books = {a["name"]: a for a in report["accounting"]}
-    assert set(books) == {"silver", *GOLD}
+    assert set(books) == {"silver", "silver.late_events", *GOLD}
     assert all(a["status"] == "PASS" for a in books.values())
     # the run exercised every kind of drop the identities account for
     assert books["silver"]["right"]["duplicates dropped"] >= 2
@@ -212,6 +212,29 @@ def test_a_clean_pipeline_passes_every_audit(lake):
     assert books["silver"]["right"]["quarantine"] >= 1
     for table in GOLD:
         assert books[table]["right"]["too late dropped"] >= 2, books[table]
+    assert books["silver.late_events"]["right"] == {"gold: kept": 2}, books["silver.late_events"]
+
+
+def test_events_late_for_gold_are_kept_with_their_silver_row_and_who_found_them(spark, lake):
+    """The rounds' two events behind gold's watermark (10:20 in round 1, 12:10 in round 2; the
+    09:00 one never reached silver) are in silver.late_events as silver holds them, each once,
+    with the gold batch that found it late and that batch's watermark, which it is behind."""
+    from pyspark.sql import functions as F
+
+    late = spark.read.format("delta").load(lake.cfg.table_path("silver", "late_events"))
+    silver = spark.read.format("delta").load(lake.cfg.table_path("silver", "camera_events"))
+    rows = late.orderBy("event_time").collect()
+    assert [(r.device_id, r.event_time.strftime("%H:%M")) for r in rows] == [("cam-0002", "10:20"),
+                                                                                ("cam-0001", "12:10")]
+    # byte for byte the silver row (every silver column)
+    assert late.select(*silver.columns).exceptAll(silver).count() == 0
+    for r in rows:
+        assert r.late_for == "gold" and r.found_by_query == "gold"
+        assert r.event_time <= r.found_watermark
+    # a gold table does not hold them: the sightings of 10:00-11:00 at cam-0002's zip count 10:00 only
+    hour = (spark.read.format("delta").load(lake.cfg.table_path("gold", "zip_hourly_sightings"))
+            .where((F.col("zip_code") == "94105") & (F.hour("window_start") == 10)).first())
+    assert hour.events == 1
 
 
 def test_gold_versions_differ_as_batches_advance(spark, lake):

@@ -1,0 +1,58 @@
+"""Events gold finds late, kept: silver.late_events.
+
+An event more than gold's watermark behind silver's frontier when it arrived (gold.transform.late)
+can no longer change a window or session the watermark has finalized, so gold's aggregates skip
+it. It stays in silver, and the gold batch that skipped it appends a copy of its silver row, with
+the batch that found it late, to silver.late_events: the late events are a table anyone can
+query (which cameras upload backlogs, how late), not only a count, and a backfill reads them
+from there.
+
+Through the gold query's plan a late row travels as one JSON text column (null for every
+on-time event): the stateful operator's input carries every column of the shared shuffle, and a
+null text costs it next to nothing, where the silver row's columns would ride along each event.
+"""
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from common.delta import change_feed, ensure_table
+
+TABLE = "late_events"            # under the silver layer: copies of silver rows
+LATE = "_late"                   # the late row's silver columns as JSON; null for on-time rows
+OUTPUT = "late events"           # the gold batch's output name (gold/sinks.py)
+KEY = "late"                     # its append key's suffix
+
+# Microseconds survive the round trip (to_json writes milliseconds by default).
+_JSON = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}
+
+FOUND = [StructField("late_for", StringType(), False),        # whose watermark it missed: gold
+         StructField("found_by_query", StringType(), False),
+         StructField("found_in_batch", LongType(), False),
+         StructField("found_watermark", TimestampType(), True)]
+
+
+def schema(silver_schema: StructType) -> StructType:
+    return StructType([*silver_schema.fields, *FOUND])
+
+
+def row(silver_columns: list[str], is_late: Column) -> Column:
+    """The LATE column: a late row's silver columns as JSON text, null when on time."""
+    return F.when(is_late, F.to_json(F.struct(*silver_columns), _JSON))
+
+
+def rows(batch: DataFrame, silver_schema: StructType, query: str, batch_id: int,
+         watermark_ms: int) -> DataFrame:
+    """silver.late_events rows of a gold batch: its late rows' silver columns, and who found them."""
+    return (batch.where(F.col(LATE).isNotNull())
+            .select(F.from_json(LATE, silver_schema, _JSON).alias("r")).select("r.*")
+            .withColumn("late_for", F.lit("gold"))
+            .withColumn("found_by_query", F.lit(query))
+            .withColumn("found_in_batch", F.lit(batch_id).cast("long"))
+            .withColumn("found_watermark", F.timestamp_millis(F.lit(watermark_ms))))
+
+
+def ensure(spark, cfg, silver_schema: StructType) -> str:
+    return ensure_table(spark, cfg, "silver", TABLE, schema(silver_schema), (),
+                        change_feed(cfg.silver.change_feed))
