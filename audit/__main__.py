@@ -6,7 +6,9 @@ For each table: one line per Delta version (time, operation, rows added and remo
 micro-batch that made it and the upstream version it had consumed). For each gold table, every
 version is recomputed in batch from the silver snapshot its batch had consumed, with the
 stream's own transforms and its late-row drops, and compared with the table at that version:
-PASS, or FAIL with a sample of the rows that differ. Accounting checks that every parsed
+PASS, or FAIL with a sample of the rows that differ. Silver's dimension columns are joined again
+at each row's event time with the dimension version its batch pinned (audit/attribution.py).
+Accounting checks that every parsed
 bronze row is in silver or quarantine or was counted as a duplicate or too late, and that every
 silver event gold read was consumed or counted late. Exit status 1 when any check fails.
 """
@@ -21,6 +23,7 @@ from pyspark.errors import PySparkException
 
 from audit import books as B
 from audit import prefix as P
+from audit.attribution import check_attribution
 from audit.history import table_history
 from audit.report import render
 from audit.tables import TableError, existing, resolve, spark_session
@@ -86,12 +89,17 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
                             _on_time_counter(spark, silver_path, histories[name], mine, cfg.gold.watermark)).as_dict()
 
     work = {name: (lambda name=name: gold(name)) for name in names if name.startswith("gold.")}
+    dimension = cfg.profile.dimension
+    if silver_name in names and dimension and f"silver.{dimension.table}" in present:
+        work[silver_name + " attribution"] = lambda: check_attribution(spark, cfg, silver_path, histories[silver_name])
     if (not only or only == "silver.late_events") and {"silver.late_events", "ops.batch_accounting"} <= present:
         work["late books"] = lambda: B.late_books(spark, paths["silver.late_events"],
                                                   paths["ops.batch_accounting"]).as_dict()
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
         work[silver_name + " books"] = lambda: B.silver_books(spark, cfg, paths, recorded).as_dict()
     done = dict(zip(work, together(*work.values())))
+    if silver_name + " attribution" in done:
+        entries[silver_name]["attribution"] = done.pop(silver_name + " attribution")
     report["tables"] = [entries[n] for n in names]
     report["accounting"] = [books for books in (done.pop(silver_name + " books", None), *done.values())
                             if books is not None]
@@ -165,6 +173,10 @@ def _failures(report: dict) -> list[str]:
                 out.append(f"{t['table']} version {c['version']} ({c['operation']}, {who}): "
                            f"{c['missing']} expected rows missing, {c['unexpected']} rows not produced "
                            f"by the pipeline (recomputed from silver@{c['upstream']})")
+        a = t.get("attribution")
+        if a and a["status"] == "FAIL":
+            out.append(f"{t['table']}: {a['rows_differ']} of {a['rows_checked']} rows carry other {a['table']} "
+                       "columns than the point-in-time join with the dimension version their batch pinned")
     for a in report["accounting"]:
         if a["status"] == "FAIL":
             out.append(f"accounting {a['name']}: {a['equation']}" + (f" ({a['note']})" if a["note"] else ""))

@@ -44,6 +44,14 @@ def render(report: dict) -> str:
                                                            if summary.get("VACUUMED") else "") + ")"
                               if summary else "")
         out += [title] + _grid(headers, rows)
+        a = t.get("attribution")
+        if a:
+            out.append(f"  {a['table']} attribution: {a['status']} ({a['rows_checked']:,} rows joined again at their "
+                       f"event time with the dimension version their batch pinned ({', '.join(map(str, a['dimension_versions']))}), "
+                       f"{a['rows_differ']:,} differ" + (f"; {a['rows_unpinned']:,} rows of batches without a pin, "
+                                                          "not checked" if a["rows_unpinned"] else "") + ")")
+            for row in a["sample"]:
+                out.append(f"    differs: {_row(row)}")
         if t.get("log_cleaned_before"):
             out.append(f"  versions before {t['log_cleaned_before']}: log cleaned (older than "
                        "maintenance.log_retention), not listed")

@@ -27,7 +27,7 @@ from common.config import load_config
 from common.spark import NO_DATA_BATCHES, build_spark
 from common.streaming import interval
 from gold.transform import windowed_aggregate
-from silver.locations import seed
+from silver.locations import current, load
 from silver.transform import explodes_map, join_dimension, raw_schema
 
 
@@ -67,9 +67,10 @@ def silver(spark, cfg, bronze, keep: tuple[str, ...] = ()):
            .withWatermark("event_time", cfg.silver.dedup_watermark.spark())
            .dropDuplicatesWithinWatermark(["event_id"]))
     if profile.dimension:
-        seed(spark, cfg)   # the generator's CSV -> silver.<dimension>, as the silver job does
-        static = spark.read.format("delta").load(cfg.table_path("silver", profile.dimension.table))
-        out = join_dimension(out, static, profile)   # broadcast left join, sets the flag
+        load(spark, cfg)   # the generator's CSV -> silver.<dimension>, as the silver job does
+        # The plain stream-static join: today's location by key (silver joins at the event's time).
+        static = current(spark.read.format("delta").load(cfg.table_path("silver", profile.dimension.table)))
+        out = join_dimension(out, static, profile, at=None)   # broadcast left join, sets the flag
     return out
 
 

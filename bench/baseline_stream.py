@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     cfg = load_config(env={**os.environ, "TRIGGER": "processing-time"})
     params = stream_params(Params.from_config(cfg.generator), args.span_seconds)
     feeder = Feeder(cfg.landing, params, args.seed, args.rate, args.seconds)
-    write_locations(cfg.locations_csv, params.devices)
+    write_locations(cfg.locations_csv, params.devices, cfg.silver.min_event_time)
     cfg.landing.mkdir(parents=True, exist_ok=True)
     spark = build_spark(cfg, "bench-baseline-stream", extra={NO_DATA_BATCHES: "true"})
     bronze_path, silver_path = str(cfg.root / "bronze/events"), str(cfg.root / f"silver/{cfg.silver_table}")

@@ -286,7 +286,7 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
     span = args.watermark_multiple * cfg.gold.watermark.seconds
     params = stream_params(Params.from_config(cfg.generator), span)
     feeder = Feeder(cfg.landing, params, args.seed, args.rate, args.stream_seconds)
-    write_locations(cfg.locations_csv, params.devices)
+    write_locations(cfg.locations_csv, params.devices, cfg.silver.min_event_time)
     cfg.landing.mkdir(parents=True, exist_ok=True)
     log(f"(d, e) run-all --trigger processing-time; feeding {feeder.events:,} events at {args.rate:,}/s "
         f"for {args.stream_seconds:g} s, event time spanning {span / 3600:g} h")

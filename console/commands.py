@@ -15,10 +15,12 @@ import click
 
 from common import log
 
-# command -> (module whose main(argv, prog=...) it runs, the one line `lakehouse --help` shows)
+# command -> (module whose main(argv, prog=...) it runs, or module:function, the one line
+# `lakehouse --help` shows)
 TOOLS = {
     "generate": ("tools.generator.events", "Write N generated events to landing files or Kafka."),
-    "seed-locations": ("silver.locations", "Load the locations CSV into silver.device_locations."),
+    "locations": ("silver.locations", "Merge a locations file into the dimension's history."),
+    "seed-locations": ("silver.locations:seed_main", "Load the reference locations file (locations load)."),
     "sql": ("tools.sql", "Run SQL over the tables; no query: a spark-sql shell."),
     "status": ("tools.status", "Each streaming query: last batch, rates, lag, state."),
     "graph": ("pipeline.graph", "Each flow: source -> transform -> sink, checkpoint, suite."),
@@ -79,7 +81,8 @@ def forwarding(name: str, module: str, summary: str) -> click.Command:
 
     @click.pass_context
     def forward(ctx, args: tuple[str, ...]) -> None:
-        main = importlib.import_module(module).main
+        name_, _, function = module.partition(":")
+        main = getattr(importlib.import_module(name_), function or "main")
         ctx.exit(main(list(args), prog=f"lakehouse {name}") or 0)
 
     return click.Command(name, callback=forward, short_help=summary, help=summary, add_help_option=False,

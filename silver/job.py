@@ -3,8 +3,8 @@
     python -m silver.job [--trigger available-now|processing-time] [--interval '10 seconds']
 
 Per micro-batch: parse and flatten the records as the profile (PROFILE) declares, drop duplicate
-events within the watermark, join the profile's dimension (nest: device locations; re-read every
-batch, so edits apply without a restart), run the
+events within the watermark, join the profile's dimension at each event's time (nest: device
+locations, a history; re-read every batch, so a load applies without a restart), run the
 Great Expectations suite from conf/, then write silver, quarantine, ops.dq_results and
 ops.batch_accounting idempotently (a replayed batch writes nothing twice).
 """
@@ -23,7 +23,7 @@ from common.streaming import trigger
 from common.flow import Flow, Layer, Started
 from common.lineage import read_nothing
 from silver import transform as T
-from silver.locations import ensure_seeded
+from silver.locations import ensure_seeded, schema as locations_schema
 
 QUERY = "silver"
 METRICS = "silver_input"
@@ -34,8 +34,7 @@ def output_schemas(spark, profile):
     empty = spark.createDataFrame([], BRONZE_EVENTS)
     parsed = T.parse_events(empty, T.datetime(2000, 1, 1), 0, profile)
     dim = profile.dimension
-    locations = (spark.createDataFrame([], ", ".join(f"{c} STRING" for c in (dim.key, *dim.columns)))
-                 if dim else None)
+    locations = spark.createDataFrame([], locations_schema(dim)) if dim else None
     return (T.to_silver(T.join_dimension(T.accepted(parsed), locations, profile), 0, profile).schema,
             T.to_quarantine(T.rejected(parsed), 0, profile).schema)
 

@@ -1,62 +1,125 @@
-"""The profile's dimension table (nest: silver.device_locations, device -> zip code) that silver
-joins against, loaded from a CSV under paths.reference.
+"""The profile's dimension as history (nest: silver.device_locations, device -> zip code per
+validity interval), which silver joins at each event's time; loaded from locations files.
 
-    python -m silver.locations [--csv PATH]    (make seed-locations)
+    lakehouse locations load [FILE]     (python -m silver.locations load; make seed-locations)
+
+A file holds one snapshot per as-of time (silver/locations_file.py); each is merged into the
+table's intervals in as-of order, late ones included (silver/locations_history.py). The load is
+one Delta commit, tagged with the file and its as-of times, or none when nothing changes.
+docs/locations.md tells the whole story.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from datetime import datetime, timedelta, timezone
 
 from common.config import load_config
 from common.catalog import register_table
-from common.delta import ensure_table, retention_properties
+from common.delta import ensure_table, retention_properties, table_version
 from common.errors import JobError, command
 from common.lineage import PIPELINE, to_user_metadata
 from common.log import configure, fields
 from common.storage import is_delta_table, location
+from silver.locations_file import LocationsFileError, read_snapshots
+from silver.locations_history import Interval, merge_snapshot, overlaps
 
 log = logging.getLogger(__spec__.name)   # not "__main__" under python -m silver.locations
 
-
-def schema(cfg) -> str:
-    # No NOT NULL on the key: a table created by a write has nullable columns (Spark's rule), and
-    # the load drops rows without a key, which no event could join anyway. (Tables created
-    # before the one-commit load below keep the constraint they were created with.)
-    dim = cfg.profile.dimension
-    return ", ".join(f"{c} STRING" for c in (dim.key, *dim.columns))
+# Each row's validity: [valid_from, valid_to); NULL valid_from: since always, NULL valid_to: still.
+VALID_FROM, VALID_TO = "valid_from", "valid_to"
 
 
-def read_csv(spark, path, cfg):
-    # Every column stays a string: zip "02108" is Boston, not 2108.
-    return spark.read.option("header", True).schema(schema(cfg)).csv(str(path))
+def schema(dimension) -> str:
+    """The history table's columns. No NOT NULL on the key: a table created by a write has
+    nullable columns (Spark's rule); the load refuses a line without a key."""
+    return ", ".join([*(f"{c} STRING" for c in (dimension.key, *dimension.columns)),
+                      f"{VALID_FROM} TIMESTAMP", f"{VALID_TO} TIMESTAMP"])
 
 
-def seed(spark, cfg, csv_path=None) -> int:
-    """Replace the table's contents with the CSV (a new Delta version; history keeps the old);
-    returns the table's row count."""
-    return spark.read.format("delta").load(_load(spark, cfg, csv_path)).count()
+def current(history):
+    """The rows valid now, one per key: the dimension as a snapshot (the plain baseline's
+    static join). Marks (silver/locations_history.py) have a valid_to: never current."""
+    return history.where(f"{VALID_TO} IS NULL")
 
 
-def _load(spark, cfg, csv_path=None) -> str:
-    from pyspark.sql.types import _parse_datatype_string
-
+def _dimension(cfg):
     dim = cfg.profile.dimension
     if dim is None:
         raise JobError(f"profile {cfg.profile.name} declares no dimension table")
-    path = csv_path or cfg.locations_csv
+    return dim
+
+
+def _read_file(cfg, path):
+    dim = _dimension(cfg)
     if not path.is_file():
-        raise JobError(f"{dim.table} file {path} not found "
-                       "(run `make generate`, or set REFERENCE_DIR)")
+        raise JobError(f"{dim.table} file {path} not found (run `make generate`, or set REFERENCE_DIR)")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise LocationsFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return read_snapshots(text, str(path), dim.key, tuple(dim.columns))
+
+
+def _read_history(spark, table: str, dim) -> tuple[list[Interval], frozenset[int]]:
+    """The table's intervals, and the as-ofs its marks (rows without a key) say were applied."""
+    from pyspark.sql import functions as F
+
+    rows = (spark.read.format("delta").load(table)
+            .select(dim.key, *dim.columns, F.unix_micros(VALID_FROM), F.unix_micros(VALID_TO)).collect())
+    intervals = [Interval(r[0], tuple(r[1:-2]), r[-2], r[-1]) for r in rows if r[0] is not None]
+    return intervals, frozenset(r[-2] for r in rows if r[0] is None and r[-2] is not None)
+
+
+def _iso(us: int | None) -> str | None:
+    if us is None:
+        return None
+    t = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)     # exact, unlike a float
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def load(spark, cfg, path=None) -> int | None:
+    """Merge the locations file (default: the profile's under paths.reference) into the history
+    table in one commit; returns the version written, or None when the file changes nothing.
+    A bad file raises LocationsFileError naming its line, before anything is written."""
+    dim = _dimension(cfg)
+    path = path or cfg.locations_csv
+    snapshots = _read_file(cfg, path)
     table = cfg.table_path("silver", dim.table)
     fresh = not is_delta_table(table)
     if not fresh:
-        ensure_table(spark, cfg, "silver", dim.table, _parse_datatype_string(schema(cfg)))
-    rows = read_csv(spark, path, cfg).where(f"{dim.key} IS NOT NULL").dropDuplicates([dim.key])
-    # Tagged so history and audits tell a reference load from an edit made by hand.
-    writer = (rows.write.format("delta").mode("overwrite")
-              .option("userMetadata", to_user_metadata({"pipeline": PIPELINE, "made_by": f"seed-locations {path}"})))
+        migrate(spark, cfg)
+    before, marks = ([], frozenset()) if fresh else _read_history(spark, table, dim)
+    clash = overlaps(before)
+    if clash:
+        a, b = clash[0]
+        raise JobError(f"silver.{dim.table} holds overlapping intervals for {dim.key} '{a.key}' "
+                       f"({_iso(a.valid_from)} to {_iso(a.valid_to)} and {_iso(b.valid_from)} to "
+                       f"{_iso(b.valid_to)}): edited by hand? Fix or restore it before loading")
+    after, applied = before, marks
+    for snap in snapshots:
+        after, applied = merge_snapshot(after, applied, snap.as_of_us, snap.rows)
+    if set(after) == set(before) and applied == marks:
+        return None
+    _write(spark, cfg, table, dim, after, applied, fresh,
+           {"pipeline": PIPELINE, "made_by": f"locations load {path}",
+            "as_of": [_iso(s.as_of_us) for s in snapshots]})
+    return table_version(spark, table)
+
+
+def _write(spark, cfg, table: str, dim, rows: list[Interval], applied: frozenset[int], fresh: bool,
+           lineage: dict) -> None:
+    from pyspark.sql import functions as F
+
+    micros = ", ".join([*(f"{c} STRING" for c in (dim.key, *dim.columns)), "f LONG", "t LONG"])
+    marks = [(None, *(None for _ in dim.columns), t, t) for t in sorted(applied)]
+    data = (spark.createDataFrame([(r.key, *r.values, r.valid_from, r.valid_to) for r in rows] + marks, micros)
+            .select(dim.key, *dim.columns, F.timestamp_micros("f").alias(VALID_FROM),
+                    F.timestamp_micros("t").alias(VALID_TO)))
+    # The whole table in one overwrite: it is small, and every version is a complete history
+    # that silver can pin. Tagged so history and audits tell a load from an edit made by hand.
+    writer = data.coalesce(1).write.format("delta").mode("overwrite").option("userMetadata", to_user_metadata(lineage))
     if fresh:
         # A first load creates the table with its rows and properties in one commit (an empty
         # table first, then the rows, was two commits and two log replays on every fresh
@@ -65,36 +128,88 @@ def _load(spark, cfg, csv_path=None) -> str:
     writer.save(table)
     if fresh:
         register_table(spark, cfg, "silver", dim.table)
-    return table
+
+
+def is_history(spark, table: str) -> bool:
+    return VALID_FROM in spark.read.format("delta").load(table).columns
+
+
+def migrate(spark, cfg) -> None:
+    """The table as conf wants it (retention properties). A table from before locations had a
+    history (a snapshot: key and columns) gains the validity columns, NULL: each row valid since
+    always and still, which is what it meant (ALTER TABLE ADD COLUMNS)."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    dim = _dimension(cfg)
+    table = cfg.table_path("silver", dim.table)
+    was_history = is_history(spark, table)
+    ensure_table(spark, cfg, "silver", dim.table, _parse_datatype_string(schema(dim)))
+    if not was_history:
+        log.warning(f"silver.{dim.table}: a snapshot table from before locations had a history; "
+                    "its rows are now valid since always (load a dated file to record moves)",
+                    extra=fields(event="dimension_migrated", table=f"silver.{dim.table}"))
 
 
 def ensure_seeded(spark, cfg) -> str:
-    """On first run, load the generator's reference data; later runs keep the table as it is."""
+    """On first run, load the generator's reference data; later runs keep the table's rows as
+    they are, and an old snapshot table is migrated to a history on first use."""
     table = cfg.table_path("silver", cfg.profile.dimension.table)
-    if not is_delta_table(table):
-        _load(spark, cfg)
+    if is_delta_table(table):
+        if not is_history(spark, table):
+            migrate(spark, cfg)
+    else:
+        load(spark, cfg)
     return table
+
+
+def _run(path_arg: str | None) -> int:
+    configure()
+    cfg = load_config()
+    path = location(path_arg) if path_arg else None
+    dim = _dimension(cfg)
+    _read_file(cfg, path or cfg.locations_csv)     # a bad file fails before a JVM starts
+    from common.spark import build_spark
+
+    spark = build_spark(cfg, "locations-load")
+    try:
+        version = load(spark, cfg, path)
+        now = current(spark.read.format("delta").load(cfg.table_path("silver", dim.table))).count()
+    finally:
+        spark.stop()
+    name = f"silver.{dim.table}"
+    what = f"version {version}" if version is not None else "no change, no new version"
+    log.info(f"{name}: {what}; {now} {dim.key}s located now",
+             extra=fields(event="locations_loaded", table=name, version=version, current=now))
+    return 0
 
 
 @command
 def main(argv=None, prog: str = "silver.locations") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--csv", help="CSV with device_id,zip_code,city,state "
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{load}")
+    load_cmd = commands.add_parser(
+        "load", help="merge a locations file into the history table",
+        description="Merge a locations file into the profile's dimension history, in as-of order. "
+                    "Header: the key and the dimension's columns (nest: device_id,zip_code,city,state), "
+                    "optionally as_of (ISO-8601, on every line; each as-of is a full snapshot: a device "
+                    "it does not list is end-dated). Without as_of the file is undated: valid since "
+                    "always. A bad file is refused whole, naming its line; a file that changes nothing "
+                    "writes no version.")
+    load_cmd.add_argument("file", nargs="?", help="the locations file (default: "
+                                                  "$REFERENCE_DIR/<the profile's dimension csv>)")
+    args = parser.parse_args(argv)
+    return _run(args.file)
+
+
+@command
+def seed_main(argv=None, prog: str = "seed-locations") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Load the reference locations file into the "
+                                     "dimension's history (the same as `lakehouse locations load`).")
+    parser.add_argument("--csv", help="locations file with device_id,zip_code,city,state[,as_of] "
                                       "(default: $REFERENCE_DIR/device_locations.csv)")
     args = parser.parse_args(argv)
-    configure()
-    cfg = load_config()
-    from common.spark import build_spark
-
-    spark = build_spark(cfg, "seed-locations")
-    try:
-        n = seed(spark, cfg, location(args.csv) if args.csv else None)
-    finally:
-        spark.stop()
-    log.info(f"silver.{cfg.profile.dimension.table}: {n} rows",
-             extra=fields(event="seeded", table=f"silver.{cfg.profile.dimension.table}", rows=n))
-    return 0
+    return _run(args.csv)
 
 
 if __name__ == "__main__":

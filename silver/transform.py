@@ -360,10 +360,17 @@ def input_metrics(parsed: DataFrame, profile: Profile) -> list[Column]:
 
 
 def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile,
-                   only: Column | None = None) -> DataFrame:
-    """Attach the dimension's columns (nest: zip/city/state by device_id); an event without a
-    dimension row is kept with NULLs and its flag (nest: unknown_device) set.
+                   only: Column | None = None, at: str | None = "event_time") -> DataFrame:
+    """Attach the dimension's columns (nest: zip/city/state by device_id) valid at each event's
+    time `at`; an event without a dimension row then is kept with NULLs and its flag (nest:
+    unknown_device) set, also when the device is located only later (before its first known
+    location an event has none: docs/locations.md).
 
+    `dimension` is the history (silver/locations.py): rows valid in [valid_from, valid_to),
+    NULL valid_from since always, NULL valid_to still. A device's intervals never overlap, so
+    the broadcast hash join on the key with the range as its condition gives each event one
+    row. `at=None`: by key alone, for a dimension of one row per key (locations.current: the
+    plain baseline's static join).
     The flag comes from the join match, not from a NULL column, so a known key whose reference
     row lacks a value stays distinguishable (gold's quality gate checks exactly that).
     `only`: the rows that look the dimension up (the others keep NULLs): silver joins a batch's
@@ -371,13 +378,17 @@ def join_dimension(events: DataFrame, dimension: DataFrame, profile: Profile,
     dim = profile.dimension
     if dim is None:
         return events
-    key = "_dimension_key"
-    loc = dimension.select(F.col(dim.key).alias(key), *dim.columns, F.lit(True).alias("_known"))
+    key, since, until = "_dimension_key", "_valid_from", "_valid_to"
+    validity = [F.col("valid_from").alias(since), F.col("valid_to").alias(until)] if at else []
+    loc = dimension.select(F.col(dim.key).alias(key), *dim.columns, *validity, F.lit(True).alias("_known"))
     on = F.col(dim.key) == F.col(key)
+    if at:
+        t = F.col(at)
+        on = on & (F.col(since).isNull() | (t >= F.col(since))) & (F.col(until).isNull() | (t < F.col(until)))
     if only is not None:
         on = on & only
     return (events.join(F.broadcast(loc), on, "left")
-            .withColumn(dim.flag, F.col("_known").isNull()).drop(key, "_known"))
+            .withColumn(dim.flag, F.col("_known").isNull()).drop(key, "_known", *([since, until] if at else [])))
 
 
 # The latest event_time silver had read before the micro-batch that accepted the row (NULL in

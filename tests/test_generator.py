@@ -154,7 +154,9 @@ def test_locations_list_only_known_devices(tmp_path, cfg):
     m = run(tmp_path, "-n", "2000", "--devices", "12", "--unknown-device-rate", "0.2")
     with open(cfg.locations_csv, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["device_id", "zip_code", "city", "state"]
+    assert list(rows[0]) == ["device_id", "zip_code", "city", "state", "as_of"]
+    # Dated at the earliest event silver accepts: the locations hold for every event.
+    assert {r["as_of"] for r in rows} == {cfg.silver.min_event_time.strftime("%Y-%m-%dT%H:%M:%SZ")}
     assert [r["device_id"] for r in rows] == [f"cam-{i:04d}" for i in range(1, 13)]
     assert all(re.fullmatch(r"\d{5}", r["zip_code"]) and r["city"] and len(r["state"]) == 2 for r in rows)
     seen = set(re.findall(rb'"device_id":"(cam-[^"]+)"', b"\n".join(lines_in(m["files"]))))

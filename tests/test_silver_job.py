@@ -31,7 +31,8 @@ from pipeline.runner import start
 from common import outputs
 from silver import transform as T
 from silver.job import QUERY, SilverBatch
-from silver.locations import seed
+from silver.locations import load
+from silver.locations_file import LocationsFileError
 
 TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by layer
 
@@ -459,18 +460,24 @@ def test_a_fail_rule_stops_the_query_and_the_batch_is_replayed_after_the_fix(spa
 
 # --- device locations ----------------------------------------------------------------------
 
-def test_a_first_seed_creates_the_table_in_one_commit_and_a_reseed_replaces_its_rows(spark, cfg, tmp_path):
+def test_a_first_load_creates_the_table_in_one_commit_and_a_reload_replaces_its_rows(spark, cfg, tmp_path):
     path = cfg.table_path("silver", "device_locations")
-    first = write_locations(tmp_path / "first.csv", [*KNOWN, ("", "99999", "Nowhere", "NA")])
-    assert seed(spark, cfg, first) == len(KNOWN)        # a row without a key is not loaded
+    keyless = write_locations(tmp_path / "keyless.csv", [*KNOWN, ("", "99999", "Nowhere", "NA")])
+    with pytest.raises(LocationsFileError, match=f"{keyless} line 6: empty device_id"):
+        load(spark, cfg, keyless)
+    assert not DeltaTable.isDeltaTable(spark, path)      # a bad file changes nothing
+    first = write_locations(tmp_path / "first.csv")
+    assert load(spark, cfg, first) == 0
+    assert load(spark, cfg, first) is None               # nothing changes: no version
     history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
     assert [(h.version, h.operation) for h in history] == [(0, "WRITE")]
-    assert json.loads(history[0].userMetadata)["made_by"] == f"seed-locations {first}"
+    assert json.loads(history[0].userMetadata)["made_by"] == f"locations load {first}"
     # The lakehouse's retention and compaction properties come with that one commit.
     props = common_delta.table_properties(spark, path)
     assert {k: props.get(k) for k in common_delta.retention_properties(cfg)} == common_delta.retention_properties(cfg)
 
-    assert seed(spark, cfg, write_locations(tmp_path / "second.csv", KNOWN[:2])) == 2
+    # An undated file says where devices always were: a second one replaces the first.
+    assert load(spark, cfg, write_locations(tmp_path / "second.csv", KNOWN[:2])) == 1
     history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
     assert [(h.version, h.operation) for h in history] == [(0, "WRITE"), (1, "WRITE")]
     assert sorted(r.device_id for r in spark.read.format("delta").load(path).collect()) == [k for k, *_ in KNOWN[:2]]
@@ -484,8 +491,8 @@ def test_a_locations_update_applies_to_later_batches_of_a_running_query(spark, c
     query, = start(spark, live, "silver")
     try:
         query.processAllAvailable()
-        assert seed(spark, live, write_locations(tmp_path / "more.csv",
-                                                 [*KNOWN, ("cam-x001", "02108", "Boston", "MA")])) == 5
+        assert load(spark, live, write_locations(tmp_path / "more.csv",
+                                                 [*KNOWN, ("cam-x001", "02108", "Boston", "MA")])) == 1
         append_bronze(spark, live, [record(camera("cam-x001", at("10:30")))])
         query.processAllAvailable()
         assert query.isActive

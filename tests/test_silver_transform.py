@@ -16,7 +16,7 @@ from common.quality import SuiteError, load_suites
 from tests.support.bronze_rows import bronze_row as support_bronze_row
 from common.schemas import BRONZE_EVENTS
 from silver import transform as T
-from silver.locations import seed
+from silver.locations import load
 
 INGEST = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
 FILE = "file:///landing/nest/part-7-0000.jsonl"
@@ -342,7 +342,7 @@ def test_join_locations_keeps_unknown_devices_and_zip_codes_as_text(spark, cfg, 
                    "cam-0001,02108,Boston,MA\n"
                    "cam-0002,94105,San Francisco,CA\n"
                    "cam-0003,,Springfield,\n")
-    assert seed(spark, cfg, csv) == 3
+    assert load(spark, cfg, csv) == 0
     locations = spark.read.format("delta").load(cfg.table_path("silver", "device_locations"))
     assert dict(locations.dtypes)["zip_code"] == "string"
 
@@ -370,7 +370,8 @@ def test_a_batch_joins_the_dimension_once_and_only_its_accepted_rows_look_it_up(
     in, one row, even when the dimension (edited by hand) lists its device twice."""
     locations = spark.createDataFrame([("cam-0001", "02108", "Boston", "MA"), ("cam-0005", "1", "A", "B"),
                                        ("cam-0005", "2", "C", "D")], "device_id string, zip_code string, "
-                                      "city string, state string")
+                                      "city string, state string").selectExpr(
+        "*", "CAST(NULL AS TIMESTAMP) AS valid_from", "CAST(NULL AS TIMESTAMP) AS valid_to")
     parsed = parse(spark, silver_conf, [record(camera("cam-0001"), camera("cam-0005", start="later"))])
     joined = T.join_dimension(parsed, locations, NEST, only=T.is_accepted())
     rows = joined.collect()

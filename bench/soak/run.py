@@ -136,7 +136,7 @@ class Soak:
         params = stream_params(Params.from_config(cfg.generator), span)
         self.feeder = Feeder(cfg.landing, params, args.seed, args.rate, feed_s)
         gen_s = time.monotonic() - started
-        write_locations(cfg.locations_csv, params.devices)
+        write_locations(cfg.locations_csv, params.devices, cfg.silver.min_event_time)
         cfg.landing.mkdir(parents=True, exist_ok=True)
         self.specs = declare(cfg, ORDER)
         self.queries = [f.name for layer in self.specs for f in layer.flows]

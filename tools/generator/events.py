@@ -16,6 +16,7 @@ import logging
 import re
 import sys
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from random import Random
@@ -247,9 +248,12 @@ def locations_csv(cfg) -> Path:
     return cfg.locations_csv or cfg.reference / "device_locations.csv"
 
 
-def write_locations(path: Location, devices: int) -> None:
-    rows = ["device_id,zip_code,city,state"]
-    rows += [",".join((d, *LOCATIONS[i % len(LOCATIONS)])) for i, d in enumerate(known_ids(devices))]
+def write_locations(path: Location, devices: int, as_of: datetime) -> None:
+    """The known devices' locations as of `as_of` (silver.min_event_time: silver joins each event
+    to the location valid at its time, so the file holds since the earliest event it accepts)."""
+    stamp = as_of.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = ["device_id,zip_code,city,state,as_of"]
+    rows += [",".join((d, *LOCATIONS[i % len(LOCATIONS)], stamp)) for i, d in enumerate(known_ids(devices))]
     write_atomic(path, ("\n".join(rows) + "\n").encode())
 
 
@@ -366,7 +370,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
         print(f"error: {e}", file=sys.stderr)
         return 2
     locations = locations_csv(cfg)
-    write_locations(locations, params.devices)
+    write_locations(locations, params.devices, cfg.silver.min_event_time)
     files: list[Location] = []
     topic = None
     try:
