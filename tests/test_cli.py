@@ -25,7 +25,7 @@ from console.commands import lakehouse
 
 REPO = Path(__file__).resolve().parent.parent
 # What the console must offer: every tool the Makefile runs with `python -m ...`.
-COMMANDS = {"run", "generate", "locations", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "changes",
+COMMANDS = {"run", "generate", "locations", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "changes", "backfill",
             "restore", "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive",
             "state", "check", "graph"}
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S")
