@@ -73,6 +73,7 @@ HELP_CASES = [
     (["locations"], ["{load}"]),
     (["locations", "load"], ["file", "as_of"]),
     (["changes"], ["--from", "--to", "--json"]),
+    (["backfill"], ["--from", "--to", "--dry-run", "--json"]),
     (["sql"], ["--limit", "-f FILE"]),
     (["status"], ["--json"]),
     (["state"], ["[query]", "--json", "--limit"]),
