@@ -25,7 +25,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup fetch lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes backfill restore reset-gold
+        seed-locations sql demo demo-day2 audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes backfill restore reset-gold
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -209,6 +209,9 @@ else
 	@$(PY) -m tools.sql -f conf/demo.sql
 endif
 	$(DEMO_NEXT)
+
+demo-day2: $(READY) ## Day two while the pipeline streams: a late backlog backfilled, a camera that moves, audit and change feed (lakehouse-day2/)
+	$(PY) -m tools.day2 $(if $(N),-n $(N))
 
 status: $(READY) ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
 	@$(PY) -m tools.status $(if $(JSON),--json)

@@ -29,6 +29,34 @@ class ChangeFeedError(JobError):
     """The table has no change data feed over the versions asked for."""
 
 
+def documented_consumer():
+    """The `mirror` function of docs/change-feed.md, from its python block, as a user copies it
+    (tests and `make demo-day2` run it as written)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "change-feed.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "docs/change-feed.md", "exec"), scope)    # noqa: S102 - our own docs
+    return scope["mirror"]
+
+
+def mirror_differences(spark, cfg, workdir: str) -> dict[str, int]:
+    """Each gold table rebuilt by the documented consumer from version 0 into `workdir`: the
+    rows that differ from the table (0 each when the change feed holds every change)."""
+    from gold.tables import by_table
+
+    mirror, specs, out = documented_consumer(), by_table(cfg), {}
+    for table in cfg.tables["gold"]:
+        source = cfg.table_path("gold", table)
+        mirror(spark, source, f"{workdir}/{table}", list(specs[table].keys), f"{workdir}/_checkpoints/{table}").awaitTermination()
+        want = spark.read.format("delta").load(source)
+        got = spark.read.format("delta").load(f"{workdir}/{table}").select(*want.columns)
+        out[table] = got.exceptAll(want).count() + want.exceptAll(got).count()
+    return out
+
+
 def read_changes(cfg, name: str, start: int, end: int | None = None):
     """The feed of `name` over versions [start, end]: its column names and its rows (dicts),
     oldest commit first, each commit's changes in KINDS order."""

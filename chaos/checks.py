@@ -151,6 +151,9 @@ def _check_audit(out: Checks, audit_code: int, audit_report: dict | None) -> Non
                 f"exit {audit_code}; failures: {audit_report.get('failures')}")
         for a in audit_report.get("accounting", []):
             out.add(f"audit accounting {a['name']}", a["status"] == "PASS", a["equation"])
+        backfilled = sum(1 for t in audit_report.get("tables", []) for c in t.get("prefix", [])
+                         if (c.get("made_by") or "").startswith("backfill "))
+        out.figures["gold_versions_made_by_backfills"] = backfilled
         for t in audit_report.get("tables", []):
             if "prefix_summary" in t:
                 s = t["prefix_summary"]

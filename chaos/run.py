@@ -110,7 +110,10 @@ def job_env(root, s: Settings, base: dict | None = None) -> dict:
                SPARK_LOCAL_IP="127.0.0.1",
                LAKEHOUSE__SPARK__DRIVER_MEMORY=s.driver_memory,
                # A chaos life is seconds to minutes: C1 warms up fastest, whatever the trigger.
-               LAKEHOUSE__SPARK__JIT="c1")
+               LAKEHOUSE__SPARK__JIT="c1",
+               # Gold backfills the late events it keeps by itself, soon: kills land in backfills
+               # too, and the audit proves what they wrote.
+               LAKEHOUSE__GOLD__BACKFILL="auto", LAKEHOUSE__GOLD__BACKFILL_DELAY="5 seconds")
     return env
 
 

@@ -358,8 +358,8 @@ def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
         if args.dry_run:
             raise JobError(f"gold is running ({busy}); a dry run needs it stopped") from None
         request(cfg, args.since, args.until)
-        print(f"gold is running: backfill requested ({request_path(cfg)}); its next batch folds the "
-              "pending late events in before its own (see `make status` and the gold log)")
+        print(f"gold is running: backfill requested ({request_path(cfg)}); its next batch (when new "
+              "data comes) folds the pending late events in before its own rows (the gold log says so)")
         return 0
     try:
         with spark_session(cfg, spark, "backfill") as session:

@@ -287,7 +287,8 @@ def test_graph_is_the_declared_flows_with_their_checkpoints_suites_and_triggers(
     assert silver.sinks == ("silver.camera_events", "silver.quarantine")
     assert silver.transform == "silver/transform.py + dedupeWithinWatermark"
     assert gold.sources == ("silver.camera_events",)
-    assert gold.sinks == (*(f"gold.{t}" for t in cfg.tables["gold"]), "kafka topic nest-camera-stats")
+    assert gold.sinks == (*(f"gold.{t}" for t in cfg.tables["gold"]), "silver.late_events",
+                          "kafka topic nest-camera-stats")
     assert gold.transform.endswith("applyInPandasWithState")
     assert [n.checkpoint for n in nodes] == [cfg.checkpoint(n.name) for n in nodes]
     assert silver.suite == "silver_camera_events.yaml (silver.camera_events)" and bronze.suite == "-"
