@@ -30,6 +30,7 @@ TOOLS = {
     "diff": ("audit.diff", "Rows added and removed between two table versions."),
     "changes": ("audit.changes", "A table's change feed: inserts, updates, deletes."),
     "restore": ("audit.restore", "Roll a table back to a version (asks first)."),
+    "refresh": ("pipeline.refresh", "Rebuild gold from silver beside the live tables, then switch."),
     "maintain": ("pipeline.maintenance", "Compact and VACUUM every table, trim the ops tables."),
     "chaos": ("chaos.__main__", "kill -9 the pipeline at random points, then audit."),
     "bench": ("bench.run", "Throughput, incremental cost, latency and state bench."),
