@@ -136,8 +136,13 @@ def write_state(shadow: ShadowConfig, state: dict) -> None:
 
 
 def discard(shadow: ShadowConfig) -> None:
+    """Remove the shadow tables and checkpoint, and the refresh folders they leave empty."""
     for path in (shadow.tables_root, shadow.checkpoint_root):
         shutil.rmtree(path, ignore_errors=True)
+        try:
+            path.parent.rmdir()
+        except OSError:              # another query's refresh is there, or it is gone already
+            pass
 
 
 def latest_version(spark, path: str) -> int:
