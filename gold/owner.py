@@ -38,12 +38,13 @@ def check_owner(spark, cfg, query: str, tables) -> None:
     mine = checkpoint_id(checkpoint)          # None: no query has started on it yet
     state = refresh_state(cfg, query)
     if state and state.get("phase") == "switching":
-        rebuild = (f"A refresh of {query} was stopped while switching the tables to its rebuild: "
-                   f"`lakehouse refresh gold` (make refresh TABLE=gold) finishes it.")
-    else:
-        rebuild = ("Rebuild gold from silver while the pipeline runs: `lakehouse refresh gold` "
-                   "(make refresh TABLE=gold) builds it beside the live tables and switches them "
-                   "in one commit each.")
+        # Some tables may hold the refresh's rows already, and the others would go on without it.
+        raise JobError(f"a refresh of {query} was stopped while switching the tables to its rebuild "
+                       f"({refresh_folder(cfg, query)}): `lakehouse refresh gold` (make refresh "
+                       f"TABLE=gold) finishes it, then run gold again")
+    rebuild = ("Rebuild gold from silver while the pipeline runs: `lakehouse refresh gold` "
+               "(make refresh TABLE=gold) builds it beside the live tables and switches them "
+               "in one commit each.")
     folded = last_logged_batch(checkpoint) if mine is not None else -1
     for spec in tables:
         path = cfg.table_path("gold", spec.table)

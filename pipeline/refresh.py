@@ -229,31 +229,42 @@ def switch_lineage(spark, shadow: ShadowConfig, spec, target: Target, state: dic
         "silver_version": covered(shadow, target.query), "replaced_query_id": state.get("replaced_query_id")}}
 
 
-def switch(spark, cfg, shadow: ShadowConfig, target: Target, state: dict) -> list[tuple[str, int]]:
-    """Overwrite each live table with its shadow, then put the shadow's checkpoint in place of
-    the live one. The caller holds the live checkpoint's lock. Returns (table, live version)."""
-    from common.delta import ensure_table, change_feed, last_lineage
-    from common.internals import checkpoint_id
+def switch_table(spark, cfg, shadow: ShadowConfig, target: Target, state: dict, spec, silver_schema) -> int:
+    """Overwrite one live table with its shadow, in one commit; returns the live version."""
+    from common.delta import change_feed, ensure_table, last_lineage
     from common.lineage import to_user_metadata
+    from common.storage import is_delta_table
     from gold.constraints import by_name
+
+    live = cfg.table_path("gold", spec.table)
+    if not is_delta_table(live):          # new to the profile: created as a gold run creates it
+        ensure_table(spark, cfg, "gold", spec.table, spec.output_schema(spark, silver_schema), (),
+                     change_feed(cfg.gold.change_feed), by_name(spec.checks()))
+    writer, _ = last_lineage(spark, live)
+    if writer is None or writer.get("query_id") != state["query_id"]:    # else switched by a killed run
+        (spark.read.format("delta").load(shadow.table_path("gold", spec.table))
+         .write.format("delta").mode("overwrite")
+         .option("userMetadata", to_user_metadata(switch_lineage(spark, shadow, spec, target, state)))
+         # A column the new logic adds comes in the same commit (the next gold start adds the
+         # constraints it declares, as for any table).
+         .option("mergeSchema", "true")
+         # Delta's own replay guard too: a second attempt of this commit writes nothing.
+         .option("txnAppId", f"refresh-{state['id']}-{spec.table}").option("txnVersion", 0)
+         .save(live))
+    return latest_version(spark, live)
+
+
+def switch(spark, cfg, shadow: ShadowConfig, target: Target, state: dict) -> list[tuple[str, int]]:
+    """Overwrite each live table with its shadow (side by side: distinct tables), then put the
+    shadow's checkpoint in place of the live one. The caller holds the live checkpoint's lock.
+    Returns (table, live version)."""
+    from common.batch import together
+    from common.internals import checkpoint_id
 
     new_id = state["query_id"]
     silver_schema = spark.read.format("delta").load(cfg.table_path("silver", cfg.silver_table)).schema
-    done = []
-    for spec in target.specs:
-        live = cfg.table_path("gold", spec.table)
-        ensure_table(spark, cfg, "gold", spec.table, spec.output_schema(spark, silver_schema), (),
-                     change_feed(cfg.gold.change_feed), by_name(spec.checks()))
-        writer, _ = last_lineage(spark, live)
-        if writer is None or writer.get("query_id") != new_id:     # else switched by a killed run
-            lineage = switch_lineage(spark, shadow, spec, target, state)
-            (spark.read.format("delta").load(shadow.table_path("gold", spec.table))
-             .write.format("delta").mode("overwrite")
-             .option("userMetadata", to_user_metadata(lineage))
-             # Delta's own replay guard too: a second attempt of this commit writes nothing.
-             .option("txnAppId", f"refresh-{state['id']}-{spec.table}").option("txnVersion", 0)
-             .save(live))
-        done.append((spec.table, latest_version(spark, live)))
+    versions = together(*[(lambda spec=spec: switch_table(spark, cfg, shadow, target, state, spec, silver_schema))
+                          for spec in target.specs])
     live_checkpoint, shadow_checkpoint = Path(cfg.checkpoint(target.query)), Path(shadow.checkpoint(target.query))
     if shadow_checkpoint.is_dir():
         if live_checkpoint.is_dir() and checkpoint_id(str(live_checkpoint)) != new_id:
@@ -263,7 +274,7 @@ def switch(spark, cfg, shadow: ShadowConfig, target: Target, state: dict) -> lis
         raise JobError(f"refresh {target.query}: neither {live_checkpoint} nor {shadow_checkpoint} "
                        f"is the refresh's checkpoint ({new_id}); the tables were switched to it. "
                        f"Run `lakehouse refresh gold` again to rebuild them")
-    return done
+    return [(spec.table, v) for spec, v in zip(target.specs, versions)]
 
 
 def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -> dict:
@@ -301,7 +312,10 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
     locks = live_lock(cfg, target.query, wait_s)
     try:
         if state["phase"] == "building":
-            build_round(spark, shadow, target)       # what silver gained while gold was stopping
+            silver = cfg.table_path("silver", cfg.silver_table)
+            done = covered(shadow, target.query)
+            if done is None or done < latest_version(spark, silver):
+                build_round(spark, shadow, target)   # what silver gained while gold was stopping
             state = {**state, "phase": "switching", "query_id": checkpoint_id(shadow.checkpoint(target.query)),
                      "replaced_query_id": checkpoint_id(cfg.checkpoint(target.query))}
             write_state(shadow, state)

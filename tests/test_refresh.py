@@ -21,7 +21,7 @@ from common.errors import JobError
 from common.internals import checkpoint_id
 from gold.tables import logic_hash
 from pipeline.refresh import refresh
-from tests.test_audit import LOCATIONS, forget_names, record
+from tests.test_audit import LOCATIONS, REPO, forget_names, record
 
 NEW_GAP = {"LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP": "10 minutes"}
 
@@ -239,3 +239,59 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(spark, cfg, tmp_path):
     with pytest.raises(JobError, match=r"silver table .* does not exist yet"):
         refresh(spark, cfg, "gold")
     assert not root.exists() or not any(root.rglob("*")), sorted(root.rglob("*"))
+
+
+def test_a_refresh_killed_during_its_switch_is_finished_by_running_it_again(spark, refreshed, tmp_path):
+    """kill -9 of a refresh process once its switch has begun (on a copy of the refreshed
+    lakehouse, with a 5-minute gap this time): every table is whole, the old or the new; gold
+    refuses to start until the refresh is run again, which finishes the switch once per table."""
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from audit.__main__ import run_audit
+    from common.delta import last_lineage
+    from common.lineage import parse
+    from pipeline.runner import start
+
+    shutil.copytree(Path(str(refreshed["new"].root)), tmp_path / "lakehouse")
+    forget_names(spark)
+    gap = {"LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP": "5 minutes"}
+    cfg = config(tmp_path, **gap)
+    before = checkpoint_id(cfg.checkpoint("gold"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), TRIGGER="available-now", PYTHONPATH=str(REPO), **gap)
+    state_file = Path(str(cfg.checkpoint_root)) / "_refresh" / "gold" / "refresh.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", "gold", "--wait", "5"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if state_file.is_file() and json.loads(state_file.read_text()).get("phase") == "switching":
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        assert proc.wait(60) == -signal.SIGKILL, "the refresh ended before its switch began"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = json.loads(state_file.read_text())
+    for table in cfg.tables["gold"]:
+        writer, _ = last_lineage(spark, cfg.table_path("gold", table))
+        assert writer["query_id"] in (before, state["query_id"]), table
+    with pytest.raises(JobError, match="stopped while switching"):
+        start(spark, cfg, "gold", suites={})
+    done = refresh(spark, cfg, "gold", wait_s=5)
+    assert done["id"] == state["id"] and checkpoint_id(cfg.checkpoint("gold")) == state["query_id"] != before
+    assert not state_file.exists()
+    for table in cfg.tables["gold"]:
+        rows = DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().select("userMetadata").collect()
+        switches = [m for m in map(parse, (r.userMetadata for r in rows)) if m and (m.get("refresh") or {}).get("id") == state["id"]]
+        assert len(switches) == 1, (table, switches)
+    report = run_audit(spark, cfg, "gold.device_sessions")
+    assert report["ok"], report["failures"]
+    last = prefix(report, "gold.device_sessions")[-1]
+    assert last["status"] == "PASS", last
+    forget_names(spark)
