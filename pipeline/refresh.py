@@ -49,7 +49,7 @@ from pathlib import Path
 from common.errors import JobError, command
 from gold.owner import REFRESH, refresh_folder, refresh_state
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pipeline.refresh")     # also when run as __main__
 
 STATE = "refresh.json"          # gold/owner.py reads it too
 ROUNDS = 4                     # build rounds before the switch: each reads what silver gained meanwhile
@@ -297,7 +297,8 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
     logic = {"profile": cfg.profile.name, "hash": logic_hash(cfg)}
     if state and state.get("phase") != "switching" and (state.get("logic") != logic
                                                          or state.get("tables") != [s.table for s in target.specs]):
-        log.info(f"refresh {target.query}: the shadow of an earlier refresh follows other logic; built again")
+        log.info(f"refresh {target.query}: the shadow an earlier refresh left follows other logic or "
+                 f"tables; built again")
         discard(shadow)
         state = None
     if state is None:
@@ -312,7 +313,6 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
     locks = live_lock(cfg, target.query, wait_s)
     try:
         if state["phase"] == "building":
-            silver = cfg.table_path("silver", cfg.silver_table)
             done = covered(shadow, target.query)
             if done is None or done < latest_version(spark, silver):
                 build_round(spark, shadow, target)   # what silver gained while gold was stopping
