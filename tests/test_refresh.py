@@ -295,3 +295,18 @@ def test_a_refresh_killed_during_its_switch_is_finished_by_running_it_again(spar
     last = prefix(report, "gold.device_sessions")[-1]
     assert last["status"] == "PASS", last
     forget_names(spark)
+
+
+def test_a_table_is_refreshed_with_the_query_that_writes_it(env):
+    """One query writes a selection of gold tables from one checkpoint: gold.<table> refreshes
+    that query, the whole profile's unless the table runs in an --only query. No Spark."""
+    from pipeline.refresh import resolve
+
+    cfg = load_config(env=env)
+    chose = lambda name: (lambda t: (t.query, t.only, [s.table for s in t.specs]))(resolve(cfg, name))  # noqa: E731
+    every = ("gold", None, list(cfg.tables["gold"]))
+    assert chose("gold") == every and chose("gold.device_sessions") == every
+    Path(cfg.checkpoint("gold_sightings_sessions")).mkdir(parents=True)
+    assert chose("gold.device_sessions") == ("gold_sightings_sessions", {"sightings", "sessions"},
+                                             ["zip_hourly_sightings", "device_sessions"])
+    assert chose("gold.device_activity") == every
