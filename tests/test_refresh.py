@@ -129,7 +129,10 @@ def refreshed(spark, tmp_path_factory):
     done = refresh(spark, new, "gold", wait_s=5)
     took = time.monotonic() - started
     feeder.join()
-    time.sleep(0.5)                      # a read or two of the switched table
+    switched = dict(done["tables"])["device_sessions"]
+    deadline = time.monotonic() + 120      # until the reader has read the switched table too
+    while time.monotonic() < deadline and reader.error is None and not any(v >= switched for v, _ in reader.seen):
+        time.sleep(0.2)
     reader.stop.set()
     reader.join()
     assert reader.error is None, reader.error
