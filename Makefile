@@ -25,7 +25,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup fetch lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo demo-day2 audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes backfill restore reset-gold
+        seed-locations sql demo demo-day2 audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes backfill restore reset-gold refresh
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -163,6 +163,10 @@ backfill: $(READY) ## Fold the late events kept in silver.late_events into gold 
 restore: $(READY) ## Roll a table back to a version: TABLE=gold.x VERSION=3 (asks first; YES=1 does not)
 	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }
 	@$(PY) -m audit.restore "$(TABLE)" "$(VERSION)" $(if $(YES),--yes)
+
+refresh: $(READY) ## Rebuild TABLE=gold (or gold.<table>) from silver beside the live tables, then switch readers in one commit per table; the pipeline keeps running (WAIT=seconds for a running gold query)
+	@test -n "$(TABLE)" || { echo "usage: make refresh TABLE=gold|gold.<table> [WAIT=seconds]" >&2; exit 2; }
+	@$(PY) -m pipeline.refresh "$(TABLE)" $(if $(WAIT),--wait "$(WAIT)")
 
 reset-gold: $(READY) ## Drop the gold tables and gold checkpoints so the next gold run rebuilds them from silver (asks first; YES=1 does not)
 	@$(PY) -m audit.reset_gold $(if $(YES),--yes)

@@ -33,7 +33,7 @@ from common.internals import java_errors
 from common.config import load_config
 
 def run_audit(spark, cfg, only: str | None = None) -> dict:
-    from gold.tables import by_table
+    from gold.tables import by_table, logic_hash
 
     BY_TABLE = by_table(cfg)
     silver_name = f"silver.{cfg.silver_table}"
@@ -84,9 +84,19 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
         entry["prefix_summary"] = _summary(checks)
         if "ops.batch_accounting" not in present:
             return None
+        # The books of the table as it is: its latest refresh's checkpoint (every checkpoint
+        # that built it, if it was never refreshed; old accounting rows name no checkpoint).
+        cuts = P.epochs(histories[name])
+        last = cuts[-1] if cuts else []
+        ids = P.query_ids(last)
+        mine = [v for v in mine if v.lineage.get("query_id") in ids]
+        if P.other_logic([v for v in last if v.lineage][-1:], logic_hash(cfg)):
+            return B.BooksCheck(name, "SKIP", note="its last batch ran with other logic than today's "
+                                                   "profile").as_dict()
         return B.gold_books(spark, name, writers, silver_path, paths["ops.batch_accounting"],
-                            P.batch_lineages(histories[name], mine),
-                            _on_time_counter(spark, silver_path, histories[name], mine, cfg.gold.watermark)).as_dict()
+                            P.batch_lineages(last, mine),
+                            _on_time_counter(spark, silver_path, last, mine, cfg.gold.watermark),
+                            ids if len(cuts) > 1 else None).as_dict()
 
     work = {name: (lambda name=name: gold(name)) for name in names if name.startswith("gold.")}
     dimension = cfg.profile.dimension

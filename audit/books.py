@@ -43,10 +43,14 @@ def last_lineage(history: list[Version], query: str) -> dict | None:
     return found[-1] if found else None
 
 
-def drops(spark, accounting_path: str, query) -> dict[str, int]:
-    """Drops booked by a query's batches (`query`: a name, or several)."""
+def drops(spark, accounting_path: str, query, query_ids=None) -> dict[str, int]:
+    """Drops booked by a query's batches (`query`: a name, or several), by the checkpoints
+    `query_ids` only when given (a refreshed table's: batch ids restart with its checkpoint)."""
     names = [query] if isinstance(query, str) else list(query)
-    row = (spark.read.format("delta").load(accounting_path).where(F.col("query").isin(names))
+    rows = spark.read.format("delta").load(accounting_path).where(F.col("query").isin(names))
+    if query_ids is not None:
+        rows = rows.where(F.col("query_id").isin(sorted(query_ids)))
+    row = (rows
            .agg(F.coalesce(F.sum("duplicates_dropped"), F.lit(0)).alias("d"),
                 F.coalesce(F.sum("late_dropped"), F.lit(0)).alias("l"), F.count(F.lit(1)).alias("n"))
            .first())
@@ -77,7 +81,7 @@ def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Ver
 
 
 def gold_books(spark, name: str, query, silver_path: str, accounting_path: str,
-               lineages: list[dict], on_time_count) -> BooksCheck:
+               lineages: list[dict], on_time_count, query_ids=None) -> BooksCheck:
     """`query`: the query (or queries) that wrote the table; `lineages`: their batches in run
     order (audit.prefix.batch_lineages);
     `on_time_count(upstream_version)` is the prefix recompute's count of events consumed."""
@@ -87,7 +91,7 @@ def gold_books(spark, name: str, query, silver_path: str, accounting_path: str,
     upstream = lineage["upstream"]["version"]
     if upstream is None:
         return BooksCheck(name, "SKIP", note="its last batch stopped inside a silver version")
-    d = drops(spark, accounting_path, query)
+    d = drops(spark, accounting_path, query, query_ids)
     left = {f"silver@{upstream} events": read_version(spark, silver_path, upstream).count()}
     right = {"consumed on time": on_time_count(upstream), "too late dropped": d["too late dropped"],
              "duplicates dropped": d["duplicates dropped"]}

@@ -294,12 +294,60 @@ def compare_many(pairs: list[tuple[DataFrame, DataFrame, VersionCheck]]) -> None
 VACUUMED_NOTE = "older than the audit horizon ({}): its files may be vacuumed, not provable"
 
 
+def epochs(history: list[Version]) -> list[list[Version]]:
+    """The table's history cut before each refresh's switch (pipeline/refresh.py): a switch
+    replaced the table's rows with a rebuild by another checkpoint, whose batches alone say which
+    batch first read each silver row from then on."""
+    out: list[list[Version]] = []
+    for v in history:
+        if not out or (v.lineage and v.lineage.get("refresh")):
+            out.append([])
+        out[-1].append(v)
+    return out
+
+
+def query_ids(versions: list[Version]) -> set:
+    """The checkpoints whose batches made these versions."""
+    return {v.lineage["query_id"] for v in versions if v.lineage}
+
+
+def other_logic(versions: list[Version], today: str) -> dict[int, str]:
+    """version -> the logic hash its rows follow, for the versions made with other logic than
+    `today`'s (gold/tables.py logic_hash): a profile changed since. Commits of code that did not
+    record it are taken to follow today's."""
+    out, current = {}, None
+    for v in versions:
+        if v.lineage:
+            current = (v.lineage.get("logic") or {}).get("hash")
+        if current is not None and current != today:
+            out[v.version] = current
+    return out
+
+
+OTHER_LOGIC_NOTE = ("made with other logic (hash {}) than today's profile ({}): recompute it with "
+                    "that profile, or `lakehouse refresh gold` to rebuild the table with today's")
+
+
 def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
                 silver_path: str, recorded: list[Version] = (), too_old=lambda version, upstream: False
                 ) -> list[VersionCheck]:
-    """PASS/FAIL/SKIP for every version of one gold table (`recorded`: see batch_lineages).
+    """PASS/FAIL/SKIP for every version of one gold table (`recorded`: see batch_lineages),
+    each refresh's versions from the batches of its own checkpoint (`epochs`).
     `too_old(version, upstream)`: the version, or the silver version it consumed, is older than
     the audit horizon, so VACUUM may have deleted files it needs: VACUUMED, not recomputed."""
+    from gold.tables import logic_hash
+
+    today = logic_hash(cfg)
+    checks = []
+    for part in epochs(history):
+        ids = query_ids(part)
+        mine = [v for v in recorded if v.lineage and v.lineage.get("query_id") in ids]
+        checks += _check_epoch(spark, cfg, spec, path, part, silver_path, mine, too_old,
+                               other_logic(part, today), today)
+    return checks
+
+
+def _check_epoch(spark, cfg, spec, path, history, silver_path, recorded, too_old, other, today):
     batches, at_version = batches_of(history, recorded)
     checks, recompute = [], []
     for v in history:
@@ -314,6 +362,8 @@ def check_table(spark, cfg, spec: GoldTable, path: str, history: list[Version],
             check.note = "commit made outside the pipeline"
         if too_old(v, batch.upstream if batch else None):
             check.status, check.note = "VACUUMED", VACUUMED_NOTE.format(cfg.maintenance.audit_horizon)
+        elif v.version in other:
+            check.note = OTHER_LOGIC_NOTE.format(other[v.version], today)
         elif batch is not None and batch.upstream is None:
             check.note = ("its batch stopped inside a silver version (gold.max_files_per_trigger), "
                           "so no silver snapshot equals what it read")

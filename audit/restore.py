@@ -69,7 +69,8 @@ def stream_warnings(cfg, name: str, files_removed: int, files_readded: int) -> l
             # Gold folds each batch into its rows: it refuses to build on a table changed by hand.
             out.append(f"{q} writes {name} as a stream, folding each batch into the rows; its checkpoint "
                        f"{ck} is past the restored version, and it will refuse to start on a restored table. "
-                       f"To rebuild gold from silver: `make reset-gold`, then rerun `{job_command(q)}`.")
+                       f"To rebuild gold from silver while the pipeline runs: `lakehouse refresh gold` "
+                       f"(make refresh TABLE=gold).")
             continue
         out.append(f"{q} writes {name} as a stream; its checkpoint {ck} (offsets and state) is past "
                    f"the restored version, so it will not rewrite the rows the restore rolls back. To rebuild: "

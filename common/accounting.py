@@ -97,7 +97,7 @@ class Accounting:
             raise KeyError(f"unknown accounting columns {sorted(unknown)}")
         row = {f: None for f in BATCH_ACCOUNTING.fieldNames()}
         row.update(counts, layer=self.layer, query=query_name, batch_id=batch_id,
-                   recorded_at=datetime.now(timezone.utc))
+                   recorded_at=datetime.now(timezone.utc), query_id=(lineage or {}).get("query_id"))
         df = local_frame(self.spark, [tuple(row[f] for f in BATCH_ACCOUNTING.fieldNames())],
                          BATCH_ACCOUNTING)
         if self._app_id is None:      # the checkpoint's id is fixed while the query runs

@@ -44,6 +44,9 @@ BATCH_ACCOUNTING = StructType([
     StructField("rows_written", LongType(), True),
     StructField("batch_ms", LongType(), True),        # the trigger up to this row (all but its commit)
     StructField("quality_ms", LongType(), True),      # quality gate: validating the batch
+    # The checkpoint's id (lineage query_id): batch ids restart when a refresh puts a new
+    # checkpoint in place, so the audit sums a table's drops by the checkpoints that built it.
+    StructField("query_id", StringType(), True),
 ])
 
 DQ_RESULTS = StructType([

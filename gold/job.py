@@ -37,7 +37,7 @@ from gold.constraints import by_name
 from gold.owner import check_owner
 from gold import late, sinks
 from gold.backfill import InBatch
-from gold.tables import for_config, query_name
+from gold.tables import for_config, logic_hash, query_name
 from silver.transform import FRONTIER
 
 INPUT_METRICS = "gold_input"
@@ -129,6 +129,12 @@ class GoldBatch(MicroBatch):
         # The watermark the last batch of this run applied; None at a start, when the tables may
         # hold rows an earlier run left open behind it that no update carries (stale_behind).
         self.watermark = None
+        self.logic = {"profile": cfg.profile.name, "hash": logic_hash(cfg)}
+
+    def lineage(self, batch_id: int) -> dict:
+        """The batch's lineage and the logic its rows follow (the profile's gold tables, hashed):
+        the audit recomputes a version only with the logic that made it."""
+        return {**super().lineage(batch_id), "logic": self.logic}
 
     def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None) -> tuple | None:
         """The table's update for the batch, cached, and its sizes; None if a replay finds the

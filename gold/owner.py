@@ -8,6 +8,9 @@ to the profile after the query has run would begin at silver's current position 
 miss its history."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from common.errors import JobError
 from common.delta import last_lineage
 from common.internals import checkpoint_id
@@ -15,12 +18,33 @@ from common.lineage import last_logged_batch
 from common.storage import is_delta_table
 
 
+# Where a refresh (pipeline/refresh.py) keeps a query's shadow checkpoint and its state.
+REFRESH = "_refresh"
+
+
+def refresh_folder(cfg, query: str) -> Path:
+    return Path(str(cfg.checkpoint_root)) / REFRESH / query
+
+
+def refresh_state(cfg, query: str) -> dict | None:
+    """The state of a refresh of `query` that has not finished (None: none)."""
+    path = refresh_folder(cfg, query) / "refresh.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def check_owner(spark, cfg, query: str, tables) -> None:
     """Refuse to start a query whose batches would make a table's rows wrong (see above)."""
     checkpoint = cfg.checkpoint(query)
     mine = checkpoint_id(checkpoint)          # None: no query has started on it yet
-    rebuild = ("Rebuild gold from silver: `make reset-gold` drops the gold tables and checkpoints, "
-               "then run gold again.")
+    state = refresh_state(cfg, query)
+    if state and state.get("phase") == "switching":
+        # Some tables may hold the refresh's rows already, and the others would go on without it.
+        raise JobError(f"a refresh of {query} was stopped while switching the tables to its rebuild "
+                       f"({refresh_folder(cfg, query)}): `lakehouse refresh gold` (make refresh "
+                       f"TABLE=gold) finishes it, then run gold again")
+    rebuild = ("Rebuild gold from silver while the pipeline runs: `lakehouse refresh gold` "
+               "(make refresh TABLE=gold) builds it beside the live tables and switches them "
+               "in one commit each.")
     folded = last_logged_batch(checkpoint) if mine is not None else -1
     for spec in tables:
         path = cfg.table_path("gold", spec.table)

@@ -39,6 +39,16 @@ def by_table(cfg) -> dict[str, GoldTable]:
     return {t.table: t for t in for_config(cfg)}
 
 
+def logic_hash(cfg) -> str:
+    """What decides every gold row, hashed: each table as its kind resolved it from the profile
+    (windows, gaps, measures, groups) and gold's watermark. Every gold commit's lineage carries
+    it, so the audit recomputes a version with the logic that made it, or says it cannot (a
+    profile changed since: `lakehouse refresh gold` rebuilds the tables with today's)."""
+    import hashlib
+
+    return hashlib.sha256(repr((for_config(cfg), cfg.gold.watermark)).encode()).hexdigest()[:16]
+
+
 def query_name(cfg, tables) -> str:
     """The one streaming query that writes `tables`: `gold` for every table of the profile,
     `gold_<key>_<key>...` for a subset (`--only`), each with a checkpoint of its own."""

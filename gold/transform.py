@@ -56,6 +56,9 @@ class Measure:
     def __init__(self, name: str, expression: str, kind: str, args: list[str]):
         self.name, self.expression, self.kind, self.args = name, expression, kind, args
 
+    def __repr__(self) -> str:      # what it computes: part of a table's logic hash (gold/tables.py)
+        return f"Measure({self.name!r}, {self.expression!r}, {self.kind!r}, {self.args!r})"
+
     @property
     def counts(self) -> bool:
         """Whether its value counts something, so is never negative (a table constraint)."""

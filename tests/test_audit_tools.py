@@ -163,7 +163,7 @@ def test_stream_warnings_follow_readers_writers_and_checkpoints(cfg):
 
     writer = R.stream_warnings(cfg, TABLE, 1, 0)
     assert len(writer) == 1 and cfg.checkpoint("gold") in writer[0]
-    assert "refuse to start on a restored table" in writer[0] and "make reset-gold" in writer[0]
+    assert "refuse to start on a restored table" in writer[0] and "lakehouse refresh gold" in writer[0]
 
 
 def test_restore_asks_and_brings_back_the_old_content(spark, cfg, table, capsys):

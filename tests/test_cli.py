@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 # What the console must offer: every tool the Makefile runs with `python -m ...`.
 COMMANDS = {"run", "generate", "locations", "seed-locations", "sql", "status", "report", "dq-docs", "audit", "diff", "changes", "backfill",
             "restore", "maintain", "chaos", "bench", "bench-audit", "soak", "kafka", "s3", "class-archive",
-            "state", "check", "graph"}
+            "state", "check", "graph", "refresh"}
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S")
 
 
@@ -84,6 +84,7 @@ HELP_CASES = [
     (["audit"], ["--table", "--json"]),
     (["diff"], ["TABLE FROM TO", "--sample", "--json"]),
     (["restore"], ["TABLE VERSION", "--yes"]),
+    (["refresh"], ["table", "--wait"]),
     (["maintain"], ["--table", "--no-vacuum", "--json"]),
     (["chaos"], ["--kills", "--mode", "--root"]),
     (["bench"], ["--events", "--only", "--stream-seconds"]),

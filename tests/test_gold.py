@@ -649,8 +649,9 @@ def test_gold_tables_carry_their_kinds_constraints_and_a_write_breaking_one_comm
 
 def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_path):
     """Rows folded batch by batch are only right for the query that folded them: gold refuses
-    another checkpoint and a table restored by hand, naming `make reset-gold`, which drops the
-    gold tables and checkpoints so the next run rebuilds the same rows from silver."""
+    another checkpoint and a table restored by hand, naming `lakehouse refresh gold`;
+    `make reset-gold` drops the gold tables and checkpoints so the next run rebuilds the same
+    rows from silver."""
     from audit.reset_gold import main as reset_gold
 
     cfg, _, _ = windowed
@@ -658,7 +659,7 @@ def test_a_table_has_one_writer_and_reset_gold_rebuilds_it(spark, windowed, tmp_
     try:
         with pytest.raises(JobError) as other:
             start(spark, copy, "gold", only={"sightings"})
-        assert "written by query gold " in str(other.value) and "make reset-gold" in str(other.value)
+        assert "written by query gold " in str(other.value) and "lakehouse refresh gold" in str(other.value)
         assert not Path(copy.checkpoint(ONLY["sightings"])).exists()
         spark.sql(f"RESTORE TABLE delta.`{copy.table_path('gold', 'device_activity')}` TO VERSION AS OF 1")
         with pytest.raises(JobError) as restored:
@@ -693,7 +694,7 @@ def test_a_table_new_to_a_running_checkpoint_is_refused_not_started_without_hist
             start(spark, copy, "gold")
         message = str(new.value)
         assert "gold.zip_daily_devices is new" in message and "miss every earlier event" in message
-        assert "make reset-gold" in message
+        assert "lakehouse refresh gold" in message
         assert not Path(copy.table_path("gold", "zip_daily_devices")).exists()
     finally:
         drop_names(spark)

@@ -1,0 +1,315 @@
+"""lakehouse refresh: gold rebuilt from silver with a changed profile while silver keeps
+ingesting, switched in one commit per table; readers never see an empty, partial or mixed table,
+the live stream goes on from the refresh's checkpoint, and the audit proves every version.
+
+The lakehouse is built by the real jobs (bronze file source, silver, gold) with the default
+30-minute session gap; the refresh runs with a 10-minute gap, which splits sessions (so a
+reader's row count only grows) and changes which rows a version holds (so each version follows
+one logic or the other, provably)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+
+from common.config import load_config
+from common.errors import JobError
+from common.internals import checkpoint_id
+from gold.tables import logic_hash
+from pipeline.refresh import refresh
+from tests.test_audit import LOCATIONS, REPO, forget_names, record
+
+NEW_GAP = {"LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP": "10 minutes"}
+
+ROUNDS = [
+    # cam-0001 every 20 minutes: one session under a 30-minute gap, three under a 10-minute one
+    [record(("cam-0001", "10:00"), ("cam-0002", "10:00")), record(("cam-0001", "10:20")),
+     record(("cam-0001", "10:40"), ("cam-0002", "10:05")), record(("cam-0003", "10:30"))],
+    [record(("cam-0001", "12:00"), ("cam-0002", "12:20")), record(("cam-0002", "12:35")),
+     record(("cam-0003", "12:50"), ("cam-0001", "13:05"))],
+    # lands while the refresh runs
+    [record(("cam-0001", "14:00"), ("cam-0003", "14:15")), record(("cam-0001", "14:20")),
+     record(("cam-0002", "14:45"))],
+    # lands after it, on the refreshed checkpoint
+    [record(("cam-0002", "16:00"), ("cam-0003", "16:25")), record(("cam-0002", "16:20"))],
+]
+
+
+def config(root: Path, **extra: str):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")
+           and not k.startswith("LAKEHOUSE__")}
+    return load_config(env={**env, "LAKEHOUSE_ROOT": str(root / "lakehouse"), "TRIGGER": "available-now", **extra})
+
+
+def land(cfg, n: int) -> None:
+    landing = Path(cfg.landing)
+    landing.mkdir(parents=True, exist_ok=True)
+    tmp = landing / f".round-{n}.tmp"
+    tmp.write_text("\n".join(ROUNDS[n]) + "\n")
+    tmp.rename(landing / f"round-{n}.json")
+
+
+def run(spark, cfg, *layers: str) -> None:
+    from pipeline.runner import start
+
+    options = {"bronze": {"source": "files"}, "silver": {}, "gold": {"suites": {}}}
+    for name in layers:
+        for query in start(spark, cfg, name, **options[name]):
+            query.awaitTermination()
+
+
+def version(spark, path: str) -> int:
+    return DeltaTable.forPath(spark, path).history(1).first().version
+
+
+class Reader(threading.Thread):
+    """Reads the table's latest version over and over, as a dashboard would: (version, rows)."""
+
+    def __init__(self, spark, path: str):
+        super().__init__(daemon=True)
+        self.spark, self.path = spark, path
+        self.stop, self.seen, self.error = threading.Event(), [], None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(0.2):
+                v = version(self.spark, self.path)
+                n = self.spark.read.format("delta").option("versionAsOf", v).load(self.path).count()
+                self.seen.append((v, n))
+        except BaseException as e:   # noqa: BLE001 - the test raises it
+            self.error = e
+
+
+def switch_version(spark, path: str) -> tuple[int, dict]:
+    from common.lineage import parse
+
+    rows = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").collect()
+    found = [(r.version, parse(r.userMetadata)) for r in rows if (parse(r.userMetadata) or {}).get("refresh")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def prefix(report: dict, table: str) -> list[dict]:
+    return next(t["prefix"] for t in report["tables"] if t["table"] == table)
+
+
+@pytest.fixture(scope="module")
+def refreshed(spark, tmp_path_factory):
+    """Gold built with a 30-minute gap, refreshed with a 10-minute one while bronze and silver
+    ingest a round, then the live gold run and one more round on the refreshed checkpoint."""
+    root = tmp_path_factory.mktemp("refresh")
+    old, new = config(root), config(root, **NEW_GAP)
+    old.locations_csv.parent.mkdir(parents=True, exist_ok=True)
+    old.locations_csv.write_text(LOCATIONS)
+    land(old, 0)
+    run(spark, old, "bronze", "silver", "gold")
+    land(old, 1)
+    run(spark, old, "bronze", "silver", "gold")
+    sessions = old.table_path("gold", "device_sessions")
+    before = {t: version(spark, old.table_path("gold", t)) for t in old.tables["gold"]}
+    old_rows = spark.read.format("delta").load(sessions).count()
+    replaced = checkpoint_id(old.checkpoint("gold"))
+
+    reader = Reader(spark, sessions)
+    reader.start()
+    fed = threading.Event()
+
+    def feed():
+        land(new, 2)
+        run(spark, new, "bronze", "silver")
+        fed.set()
+    feeder = threading.Thread(target=feed, daemon=True)
+    started = time.monotonic()
+    feeder.start()
+    done = refresh(spark, new, "gold", wait_s=5)
+    took = time.monotonic() - started
+    feeder.join()
+    switched = dict(done["tables"])["device_sessions"]
+    deadline = time.monotonic() + 120      # until the reader has read the switched table too
+    while time.monotonic() < deadline and reader.error is None and not any(v >= switched for v, _ in reader.seen):
+        time.sleep(0.2)
+    reader.stop.set()
+    reader.join()
+    assert reader.error is None, reader.error
+    assert fed.is_set()
+    land(new, 3)
+    # The live stream, on the refresh's checkpoint: what silver gained after the switch's last
+    # round (if any of round 2) and round 3.
+    run(spark, new, "bronze", "silver", "gold")
+    from audit.__main__ import run_audit
+
+    yield dict(old=old, new=new, done=done, reader=reader.seen, before=before, old_rows=old_rows,
+               replaced=replaced, took=took, sessions=sessions,
+               audit_new=run_audit(spark, new), audit_old=run_audit(spark, old, "gold.device_sessions"))
+    forget_names(spark)
+
+
+def test_each_gold_table_switches_in_one_commit_whose_lineage_names_the_refresh(spark, refreshed):
+    new, done = refreshed["new"], refreshed["done"]
+    live_id = checkpoint_id(new.checkpoint("gold"))
+    assert live_id == done["query_id"] != refreshed["replaced"]
+    for table in new.tables["gold"]:
+        at, lineage = switch_version(spark, new.table_path("gold", table))
+        assert at > refreshed["before"][table], table
+        r = lineage["refresh"]
+        assert r["made_by"] == "lakehouse refresh" and r["id"] == done["id"] and r["code"]
+        assert r["profile"] == "nest" and r["logic"] == logic_hash(new) != logic_hash(refreshed["old"])
+        assert r["replaced_query_id"] == refreshed["replaced"]
+        assert lineage["query_id"] == live_id and lineage["logic"]["hash"] == logic_hash(new)
+        assert lineage["upstream"]["version"] == r["silver_version"] or lineage["upstream"]["version"] <= r["silver_version"]
+    # Nothing of the refresh is left beside the live tables.
+    assert not (Path(str(new.root)) / "gold" / "_refresh").exists()
+    assert not (Path(str(new.checkpoint_root)) / "_refresh" / "gold").exists()
+
+
+def test_readers_never_see_a_smaller_or_empty_table_and_the_old_one_stays_readable(spark, refreshed):
+    seen, sessions = refreshed["reader"], refreshed["sessions"]
+    at, _ = switch_version(spark, sessions)
+    assert seen and min(v for v, _ in seen) < at <= max(v for v, _ in seen), \
+        f"the reader saw no version on one side of the switch (version {at}): {seen}"
+    counts = [n for _, n in seen]
+    assert all(b >= a for a, b in zip(counts, counts[1:])), seen
+    assert min(counts) >= refreshed["old_rows"] > 0
+    # More sessions with the shorter gap: the switched version is not the old logic's.
+    before_switch = spark.read.format("delta").option("versionAsOf", at - 1).load(sessions).count()
+    assert before_switch == refreshed["old_rows"]
+    assert spark.read.format("delta").option("versionAsOf", at).load(sessions).count() > before_switch
+
+
+def test_every_version_read_follows_one_logic_wholly_and_the_audit_proves_it(spark, refreshed):
+    """Each version is the batch recompute of its silver prefix with the old gap (before the
+    switch) or the new one (from it on): none is a mix of both."""
+    at, _ = switch_version(spark, refreshed["sessions"])
+    new, old = prefix(refreshed["audit_new"], "gold.device_sessions"), prefix(refreshed["audit_old"], "gold.device_sessions")
+    assert refreshed["audit_new"]["ok"], refreshed["audit_new"]["failures"]
+    assert refreshed["audit_old"]["ok"], refreshed["audit_old"]["failures"]
+    made = {c["version"] for c in new if c["operation"] != "CREATE TABLE"}
+    for c in new:
+        if c["version"] >= at:
+            assert c["status"] == "PASS", c
+        elif c["version"] in made:
+            assert c["status"] == "SKIP" and "other logic" in c["note"], c
+    for c in old:
+        if c["version"] < at:
+            assert c["status"] == "PASS", c
+        else:
+            assert c["status"] == "SKIP", c
+    read = {v for v, _ in refreshed["reader"]}
+    proven = {c["version"] for c in new if c["status"] == "PASS"} | {c["version"] for c in old if c["status"] == "PASS"}
+    assert read <= proven, sorted(read - proven)
+    # Every gold table, every version of it since the switch, and the accounting books.
+    for table in refreshed["new"].tables["gold"]:
+        at_t, _ = switch_version(spark, refreshed["new"].table_path("gold", table))
+        checks = [c for c in prefix(refreshed["audit_new"], f"gold.{table}") if c["version"] >= at_t]
+        assert checks and all(c["status"] == "PASS" for c in checks), (table, checks)
+    books = {b["name"]: b for b in refreshed["audit_new"]["accounting"]}
+    assert all(b["status"] == "PASS" for b in books.values()), books
+
+
+def test_the_live_stream_goes_on_from_the_refresh_and_lands_later_rows_once(spark, refreshed):
+    new = refreshed["new"]
+    sessions = refreshed["sessions"]
+    at, switched = switch_version(spark, sessions)
+    after = [r for r in DeltaTable.forPath(spark, sessions).history().where(f"version > {at}").collect()
+             if r.userMetadata]
+    from common.lineage import parse
+
+    ids = {parse(r.userMetadata)["query_id"] for r in after if parse(r.userMetadata)}
+    assert ids == {switched["query_id"]}, ids
+    batches = sorted(parse(r.userMetadata)["batch_id"] for r in after if parse(r.userMetadata))
+    assert batches and batches[0] > switched["batch_id"]
+    # Every silver event is in gold once: the hourly sightings count each on-time event once,
+    # the last round's included (its 16:00 hour).
+    hourly = spark.read.format("delta").load(new.table_path("gold", "zip_hourly_sightings"))
+    assert hourly.where("window_start >= '2026-11-01 16:00:00'").count() > 0
+    last = [c for c in prefix(refreshed["audit_new"], "gold.zip_hourly_sightings")][-1]
+    assert last["status"] == "PASS" and last["upstream"] == version(spark, new.table_path("silver", "camera_events"))
+
+
+def test_bad_input_gets_a_clear_error_and_changes_nothing(spark, cfg, tmp_path):
+    root = Path(str(cfg.root))
+    with pytest.raises(JobError, match=r"gold.nope: unknown table for profile nest \(known: gold, gold.zip_hourly"):
+        refresh(spark, cfg, "gold.nope")
+    with pytest.raises(JobError, match="refreshing silver is not supported yet"):
+        refresh(spark, cfg, "silver")
+    with pytest.raises(JobError, match="unknown table"):
+        refresh(spark, cfg, "platinum")
+    with pytest.raises(JobError, match=r"silver table .* does not exist yet"):
+        refresh(spark, cfg, "gold")
+    assert not root.exists() or not any(root.rglob("*")), sorted(root.rglob("*"))
+
+
+def test_a_refresh_killed_during_its_switch_is_finished_by_running_it_again(spark, refreshed, tmp_path):
+    """kill -9 of a refresh process once its switch has begun (on a copy of the refreshed
+    lakehouse, with a 5-minute gap this time): every table is whole, the old or the new; gold
+    refuses to start until the refresh is run again, which finishes the switch once per table."""
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from audit.__main__ import run_audit
+    from common.delta import last_lineage
+    from common.lineage import parse
+    from pipeline.runner import start
+
+    shutil.copytree(Path(str(refreshed["new"].root)), tmp_path / "lakehouse")
+    forget_names(spark)
+    gap = {"LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP": "5 minutes"}
+    cfg = config(tmp_path, **gap)
+    before = checkpoint_id(cfg.checkpoint("gold"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), TRIGGER="available-now", PYTHONPATH=str(REPO), **gap)
+    state_file = Path(str(cfg.checkpoint_root)) / "_refresh" / "gold" / "refresh.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", "gold", "--wait", "5"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if state_file.is_file() and json.loads(state_file.read_text()).get("phase") == "switching":
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        assert proc.wait(60) == -signal.SIGKILL, "the refresh ended before its switch began"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = json.loads(state_file.read_text())
+    for table in cfg.tables["gold"]:
+        writer, _ = last_lineage(spark, cfg.table_path("gold", table))
+        assert writer["query_id"] in (before, state["query_id"]), table
+    with pytest.raises(JobError, match="stopped while switching"):
+        start(spark, cfg, "gold", suites={})
+    done = refresh(spark, cfg, "gold", wait_s=5)
+    assert done["id"] == state["id"] and checkpoint_id(cfg.checkpoint("gold")) == state["query_id"] != before
+    assert not state_file.exists()
+    for table in cfg.tables["gold"]:
+        rows = DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().select("userMetadata").collect()
+        switches = [m for m in map(parse, (r.userMetadata for r in rows)) if m and (m.get("refresh") or {}).get("id") == state["id"]]
+        assert len(switches) == 1, (table, switches)
+    report = run_audit(spark, cfg, "gold.device_sessions")
+    assert report["ok"], report["failures"]
+    last = prefix(report, "gold.device_sessions")[-1]
+    assert last["status"] == "PASS", last
+    forget_names(spark)
+
+
+def test_a_table_is_refreshed_with_the_query_that_writes_it(env):
+    """One query writes a selection of gold tables from one checkpoint: gold.<table> refreshes
+    that query, the whole profile's unless the table runs in an --only query. No Spark."""
+    from pipeline.refresh import resolve
+
+    cfg = load_config(env=env)
+    chose = lambda name: (lambda t: (t.query, t.only, [s.table for s in t.specs]))(resolve(cfg, name))  # noqa: E731
+    every = ("gold", None, list(cfg.tables["gold"]))
+    assert chose("gold") == every and chose("gold.device_sessions") == every
+    Path(cfg.checkpoint("gold_sightings_sessions")).mkdir(parents=True)
+    assert chose("gold.device_sessions") == ("gold_sightings_sessions", {"sightings", "sessions"},
+                                             ["zip_hourly_sightings", "device_sessions"])
+    assert chose("gold.device_activity") == every
