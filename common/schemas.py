@@ -44,6 +44,24 @@ BATCH_ACCOUNTING = StructType([
     StructField("rows_written", LongType(), True),
     StructField("batch_ms", LongType(), True),        # the trigger up to this row (all but its commit)
     StructField("quality_ms", LongType(), True),      # quality gate: validating the batch
+    # The schema contract (silver): events written with rescued data, and their rescued keys.
+    StructField("events_rescued", LongType(), True),
+    StructField("fields_rescued", LongType(), True),
+])
+
+# ops.new_fields: per silver batch, each key no field of the profile declares, what the contract
+# did with it and how many records carried it (first appearance: the earliest row of a field).
+NEW_FIELDS = StructType([
+    StructField("query", StringType(), False),
+    StructField("batch_id", LongType(), False),
+    StructField("field", StringType(), False),        # its path: a.b in the element, $.a in the record
+    StructField("level", StringType(), False),        # record | element | nested | wrong_type
+    StructField("mode", StringType(), False),         # rescue | evolve | fail
+    StructField("column", StringType(), True),        # evolve: the silver column it became
+    StructField("records", LongType(), False),
+    StructField("events", LongType(), False),
+    StructField("first_at", StringType(), True),      # the batch's first bronze record carrying it
+    StructField("recorded_at", TimestampType(), False),
 ])
 
 DQ_RESULTS = StructType([

@@ -30,7 +30,7 @@ from common.quality import QualityGate, load_suites
 from common.schemas import DQ_RESULTS
 from common.errors import JobError
 from common.streaming import trigger
-from common.flow import Flow, Layer, Started
+from common.flow import Flow, Layer, RestartOnSchemaChange, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
 from gold.constraints import by_name
@@ -215,7 +215,9 @@ def layer(cfg, only=None, suites=None) -> Layer:
     if suites is None:
         suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
     chosen = select(cfg, only)
-    flow = Flow(query_name(cfg, chosen), "gold", lambda spark: start_query(spark, cfg, chosen, suites))
+    name, begin = query_name(cfg, chosen), (lambda spark: start_query(spark, cfg, chosen, suites))
+    # Silver's contract may evolve a column into silver mid-stream (docs/profiles.md).
+    flow = Flow(name, "gold", begin, recovery=lambda: RestartOnSchemaChange(name, begin))
     return Layer("gold", "silver", (flow,), reads_table=cfg.table_path("silver", cfg.silver_table),
                  prepare=lambda spark: prepare_gold(spark, cfg, chosen),
                  validate=lambda: load_suites(cfg.gold.expectations),
