@@ -190,6 +190,19 @@ def test_rescue_keeps_new_keys_in_the_rescued_column_and_books_them(spark, env, 
     assert (animal.level, animal.mode, animal.records, animal.events) == ("nested", "rescue", 1, 1)
     assert animal.batch_id > first and animal.first_at.endswith("drifted.jsonl line 1")
     assert fields["battery_level"].level == "element"
+    # The audit's identities over the same tables, and what `make status` shows of the keys.
+    from audit.books import rescued_books
+    from tools.status import new_fields, render
+
+    paths = {"silver.camera_events": live.table_path("silver", "camera_events"),
+             "ops.batch_accounting": live.table_path("ops", "batch_accounting")}
+    assert [(c.name, c.status) for c in rescued_books(spark, live, paths)] == [
+        ("silver rescued events", "PASS"), ("silver rescued keys", "PASS")]
+    shown = {f["field"]: f for f in new_fields(spark, live)}
+    assert (shown["battery_level"]["records"], shown["battery_level"]["mode"]) == (1, "rescue")
+    assert shown["battery_level"]["first_at"].endswith("drifted.jsonl line 1")
+    text = render([{"query": "silver", "state": "stopped"}], list(shown.values()))
+    assert "keys the profile does not declare" in text and "last_event.has_animal" in text
 
 
 def test_evolve_grows_silver_by_a_column_in_the_running_stream(spark, env, cfg, tmp_path):
