@@ -279,3 +279,43 @@ def test_a_drifting_feed_loses_nothing_and_every_drifted_event_is_accounted_for(
     assert silver.count() + sum(reasons.values()) == batch.counts["events"]
     fields = table(spark, run, "ops", "new_fields").groupBy("field").agg(F.sum("events").alias("events")).collect()
     assert {(r.field, r.events) for r in fields} == {("battery_level", drift["new_field"])}
+
+
+def test_gold_streaming_from_silver_restarts_when_a_column_evolves(spark, env, cfg, tmp_path):
+    """Delta's streaming source stops a running query whose table grew a column; gold's flow
+    recovers by starting again on its checkpoint, which reads the new schema and goes on."""
+    from gold.job import layer
+    from pipeline.runner import start
+
+    folder = profile_dir(tmp_path, contract={"known": ["$.metadata"], "element": "evolve"})
+    live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second",
+                            "PROFILE": "drifting", "PROFILES_DIR": str(folder)})
+    live.locations_csv.parent.mkdir(parents=True, exist_ok=True)
+    live.locations_csv.write_text(LOCATIONS)
+    live.landing.mkdir(parents=True)
+    write(live.landing, "before.jsonl", BEFORE)
+    queries = []
+    try:
+        bronze_q, = start(spark, live, "bronze", source="files")
+        bronze_q.processAllAvailable()
+        silver_q, = start(spark, live, "silver")
+        silver_q.processAllAvailable()
+        gold_q, = start(spark, live, "gold", only={"sightings"})
+        queries = [gold_q, silver_q, bronze_q]
+        gold_q.processAllAvailable()
+        write(live.landing, "drifted.jsonl", DRIFTED)
+        bronze_q.processAllAvailable()
+        silver_q.processAllAvailable()
+        assert "battery_level" in table(spark, live, "silver", "camera_events").columns
+        with pytest.raises(Exception, match="DELTA_SCHEMA_CHANGED"):
+            gold_q.processAllAvailable()
+        recovery = layer(live, only={"sightings"}).flows[0].recovery()
+        again = recovery.resume(spark, gold_q.exception(), gold_q, None).query
+        queries.append(again)
+        again.processAllAvailable()
+        assert again.isActive and again.exception() is None
+    finally:
+        for q in queries:
+            q.stop()
+    sightings = table(spark, live, "gold", "zip_hourly_sightings").agg(F.sum("events")).first()[0]
+    assert sightings == 5        # the first file's 2 events and the drifted file's 3
