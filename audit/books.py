@@ -90,8 +90,9 @@ def rescued_books(spark, cfg, paths: dict[str, str]) -> list[BooksCheck]:
     held = (silver.where(F.col(RESCUED_DATA).isNotNull())
             .agg(F.count(F.lit(1)), F.coalesce(F.sum(F.size(F.json_object_keys(RESCUED_DATA))), F.lit(0))).first())
     checks = []
-    for name, what, have, n_booked, n_held in (("silver rescued events", "rows with rescued data", "events", booked[0], held[0]),
-                                              ("silver rescued keys", "keys in rescued data", "keys", booked[1], held[1])):
+    for name, what, have, n_booked, n_held in (
+            ("silver rescued events", "rows with rescued data", "events", booked[0], held[0]),
+            ("silver rescued keys", "keys in rescued data", "keys", booked[1], held[1])):
         left, right = {f"{have} booked rescued": int(n_booked)}, {f"silver {what}": int(n_held)}
         checks.append(BooksCheck(name, "PASS" if int(n_booked) == int(n_held) else "FAIL", left, right))
     return checks

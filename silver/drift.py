@@ -29,7 +29,8 @@ def metrics(accepted: Column) -> list[Column]:
     rescued = F.col(C.RESCUED)
     any_key = rescued.isNotNull() | F.col(C.EVOLVED).isNotNull() | F.col(C.VIOLATIONS).isNotNull()
     return [F.count(F.when(accepted & rescued.isNotNull(), 1)).alias("events_rescued"),
-            F.coalesce(F.sum(F.when(accepted & rescued.isNotNull(), F.size(rescued))), F.lit(0)).alias("fields_rescued"),
+            F.coalesce(F.sum(F.when(accepted & rescued.isNotNull(), F.size(rescued))), F.lit(0))
+            .alias("fields_rescued"),
             F.count(F.when(F.col("parsed") & any_key, 1)).alias("events_drifted")]
 
 

@@ -17,6 +17,7 @@ import yaml
 from pyspark.sql import functions as F
 
 from common.config import ConfigError, load_config
+from silver import contract as C
 from silver import transform as T
 from tests.test_schema_drift import LOCATIONS, camera, line, write
 from tests.test_silver_transform import bronze_df
@@ -33,7 +34,8 @@ def profile_dir(tmp_path: Path, name: str = "drifting", contract: dict | None = 
         raw["parse"]["contract"] = contract
     raw["parse"]["fields"] += list(fields)
     if schema_extra:    # nest declares its raw schema: a new camera field is read only if it is in it
-        raw["parse"]["schema"] = raw["parse"]["schema"].replace("is_online: STRING,", f"is_online: STRING, {schema_extra},")
+        raw["parse"]["schema"] = raw["parse"]["schema"].replace("is_online: STRING,",
+                                                                f"is_online: STRING, {schema_extra},")
     folder = tmp_path / "profiles"
     folder.mkdir(exist_ok=True)
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(raw))
@@ -57,9 +59,9 @@ def drifted_record() -> str:
 
 
 def by_device(parsed) -> dict:
-    return {r.device_id: r for r in parsed.select("device_id", "reasons", "is_online", F.to_json(T.C.RESCUED).alias("rescued"),
-                                                   F.to_json(T.C.EVOLVED).alias("evolved"),
-                                                   F.to_json(T.C.VIOLATIONS).alias("violations")).collect()}
+    as_json = [F.to_json(C.RESCUED).alias("rescued"), F.to_json(C.EVOLVED).alias("evolved"),
+               F.to_json(C.VIOLATIONS).alias("violations")]
+    return {r.device_id: r for r in parsed.select("device_id", "reasons", "is_online", *as_json).collect()}
 
 
 # --- the batch functions ---------------------------------------------------------------------
@@ -109,7 +111,7 @@ def test_a_newly_declared_field_fills_past_rows_from_bronzes_bytes(spark, tmp_pa
                        schema_extra="battery_level: STRING")
     after = parse(spark, declared, past)
     values = {r.device_id: (r.battery_level, r.rescued) for r in
-              after.select("device_id", "battery_level", F.to_json(T.C.RESCUED).alias("rescued")).collect()}
+              after.select("device_id", "battery_level", F.to_json(C.RESCUED).alias("rescued")).collect()}
     assert values["cam-0005"] == (0.5, None)
     assert values["cam-0002"] == (0.81, '{"$.schema_version":2}')
     assert values["cam-0006"] == (None, None)
