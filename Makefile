@@ -131,8 +131,8 @@ clean-lakehouse: ## Delete the lakehouse (tables, checkpoints, landing) under LA
 clean: kafka-down s3-down ## Remove venv, jar cache, broker and S3 server data and the default lakehouse
 	rm -rf $(VENV) $(CACHE) .kafka .s3 lakehouse .pytest_cache
 
-generate: $(READY) ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path) + device_locations
-	$(PY) -m tools.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST))
+generate: $(READY) ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path, DRIFT=fraction) + device_locations
+	$(PY) -m tools.generator -n $(N) --seed $(SEED) --sink $(SINK) $(if $(MANIFEST),--manifest $(MANIFEST)) $(if $(DRIFT),--drift $(DRIFT))
 
 run-bronze: $(READY) ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
 	$(PY) -m pipeline --layer bronze

@@ -107,11 +107,13 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
                                                   paths["ops.batch_accounting"]).as_dict()
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
         work[silver_name + " books"] = lambda: B.silver_books(spark, cfg, paths, recorded).as_dict()
+        work[silver_name + " rescued"] = lambda: [c.as_dict() for c in B.rescued_books(spark, cfg, paths)]
     done = dict(zip(work, together(*work.values())))
     if silver_name + " attribution" in done:
         entries[silver_name]["attribution"] = done.pop(silver_name + " attribution")
     report["tables"] = [entries[n] for n in names]
-    report["accounting"] = [books for books in (done.pop(silver_name + " books", None), *done.values())
+    rescued = done.pop(silver_name + " rescued", None) or []
+    report["accounting"] = [books for books in (done.pop(silver_name + " books", None), *rescued, *done.values())
                             if books is not None]
     report["failures"] = _failures(report)
     report["ok"] = not report["failures"]

@@ -80,6 +80,28 @@ def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Ver
                       note=f"bronze@{upstream} holds {bronze.count():,} records; {d['batches']} silver batches")
 
 
+def rescued_books(spark, cfg, paths: dict[str, str]) -> list[BooksCheck]:
+    """The schema contract's rescued data (silver/contract.py): the events and the keys silver's
+    batches booked as rescued are silver's rows holding rescued data, and their keys."""
+    from silver.contract import RESCUED_DATA
+
+    silver = spark.read.format("delta").load(paths[f"silver.{cfg.silver_table}"])
+    if RESCUED_DATA not in silver.columns:
+        return [BooksCheck("silver rescued", "SKIP", note=f"silver has no {RESCUED_DATA} column yet")]
+    booked = (spark.read.format("delta").load(paths["ops.batch_accounting"]).where(F.col("query") == "silver")
+              .agg(F.coalesce(F.sum("events_rescued"), F.lit(0)), F.coalesce(F.sum("fields_rescued"), F.lit(0)))
+              .first())
+    held = (silver.where(F.col(RESCUED_DATA).isNotNull())
+            .agg(F.count(F.lit(1)), F.coalesce(F.sum(F.size(F.json_object_keys(RESCUED_DATA))), F.lit(0))).first())
+    checks = []
+    for name, what, have, n_booked, n_held in (
+            ("silver rescued events", "rows with rescued data", "events", booked[0], held[0]),
+            ("silver rescued keys", "keys in rescued data", "keys", booked[1], held[1])):
+        left, right = {f"{have} booked rescued": int(n_booked)}, {f"silver {what}": int(n_held)}
+        checks.append(BooksCheck(name, "PASS" if int(n_booked) == int(n_held) else "FAIL", left, right))
+    return checks
+
+
 def gold_books(spark, name: str, query, silver_path: str, accounting_path: str,
                lineages: list[dict], on_time_count, query_ids=None) -> BooksCheck:
     """`query`: the query (or queries) that wrote the table; `lineages`: their batches in run

@@ -29,6 +29,29 @@ class Recovery:
         raise error
 
 
+class RestartOnSchemaChange(Recovery):
+    """A query reading a Delta table whose schema grew while it ran (silver's schema contract
+    evolving a column): Delta's streaming source stops it with a retryable DELTA_SCHEMA_CHANGED
+    error, since a running plan cannot take the new column, and a new start of the flow reads
+    the new schema from its checkpoint. A second such stop without a batch in between is
+    raised: that is not a schema the restart can take."""
+
+    def __init__(self, name: str, start: Callable):
+        self.name, self.start = name, start
+        self.restarted = None                   # the query the last restart started
+
+    def resume(self, spark, error, query, stop):
+        import logging
+
+        if "DELTA_SCHEMA_CHANGED" not in str(error) or (query is self.restarted and not query.recentProgress):
+            raise error
+        logging.getLogger(__name__).warning(f"{self.name}: its source table's schema changed; restarting the "
+                                            "query from its checkpoint with the new schema")
+        started = self.start(spark)
+        self.restarted = started.query
+        return started
+
+
 @dataclass(frozen=True)
 class Flow:
     name: str                                   # the streaming query's name and checkpoint name

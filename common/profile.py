@@ -24,7 +24,7 @@ FIELD_TYPES = ("string", "boolean", "long", "double", "timestamp", "json", "pres
 TIME_FORMATS = ("iso", "epoch_seconds", "epoch_millis")
 # Columns silver adds itself; a declared field or derived column may not take these names.
 RESERVED = {"raw", "raw_bytes", "parsed", "reasons", "event_id", "event_time", "event_date", "silver_batch_id",
-            "silver_frontier_time",
+            "silver_frontier_time", "_rescued_data",
             "batch_id", "quarantined_at", "window_start", "window_end", "finalized"}
 # Columns every session row has; a session measure may not take these names.
 SESSION_COLUMNS = ("session_id", "session_start", "session_end", "duration_seconds", "events", "status")
@@ -54,6 +54,46 @@ class Source(Spec):
     compression: one_of("none", "gzip") = "none"
 
 
+# What silver does with a key the profile does not declare (Auto Loader's schema evolution modes
+# and dlt's schema contracts by other names): keep it as JSON in the rescued-data column, grow
+# silver by a column for it, stop the batch naming it, or drop it (today's behaviour before
+# contracts, Auto Loader's `none`, dlt's `discard_value`).
+CONTRACT_MODES = ("rescue", "evolve", "fail", "discard")
+RECORD_PREFIX = "$."       # a record-level key's path, outside the exploded element
+
+
+@spec
+class Contract(Spec):
+    """The schema contract: per level, what happens to a key the fields do not declare.
+    `record`: the record's top level, beside the explode path (a profile without explode has
+    no such level: its record is the element); `element`: each exploded element (nest: a
+    camera); `nested`: the objects declared fields sit in (nest: last_event). `known`: keys the
+    feed is known to carry that silver does not keep, never rescued nor reported (paths as
+    rescued data names them: `a.b` inside the element, `$.a` at the record's top level).
+    `wrong_type`: an optional field's value of the wrong type quarantines the event
+    (wrong_type:<field>, bad_timestamp:<field>) or is kept in the rescued data, the field NULL."""
+    record: one_of(*CONTRACT_MODES) = "rescue"
+    element: one_of(*CONTRACT_MODES) = "rescue"
+    nested: one_of(*CONTRACT_MODES) = "rescue"
+    known: parsed(tuple[str, ...], lambda v: tuple(_texts(v))) = ()
+    wrong_type: one_of("quarantine", "rescue") = "quarantine"
+
+    def mode(self, level: str) -> str:
+        return getattr(self, level)
+
+    @property
+    def active(self) -> bool:
+        """Whether silver looks for undeclared keys at all."""
+        return any(self.mode(lv) != "discard" for lv in ("record", "element", "nested")) \
+            or self.wrong_type == "rescue"
+
+
+def _texts(v):
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise ValueError(f"expected a list of key paths, got {v!r}")
+    return v
+
+
 @spec
 class Parse(Spec):
     fields: tuple[Field, ...]
@@ -66,6 +106,7 @@ class Parse(Spec):
     dedup: Names | None = None
     quarantine_columns: Names = ()
     partition: Name = "event_date"
+    contract: Contract = Contract()
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -220,6 +261,7 @@ class Profile(Spec):
     dedup = property(lambda self: self.parse.dedup)
     quarantine_columns = property(lambda self: self.parse.quarantine_columns)
     partition = property(lambda self: self.parse.partition)
+    contract = property(lambda self: self.parse.contract)
 
     @property
     def outputs(self) -> list[str]:

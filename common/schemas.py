@@ -47,6 +47,24 @@ BATCH_ACCOUNTING = StructType([
     # The checkpoint's id (lineage query_id): batch ids restart when a refresh puts a new
     # checkpoint in place, so the audit sums a table's drops by the checkpoints that built it.
     StructField("query_id", StringType(), True),
+    # The schema contract (silver): events written with rescued data, and their rescued keys.
+    StructField("events_rescued", LongType(), True),
+    StructField("fields_rescued", LongType(), True),
+])
+
+# ops.new_fields: per silver batch, each key no field of the profile declares, what the contract
+# did with it and how many records carried it (first appearance: the earliest row of a field).
+NEW_FIELDS = StructType([
+    StructField("query", StringType(), False),
+    StructField("batch_id", LongType(), False),
+    StructField("field", StringType(), False),        # its path: a.b in the element, $.a in the record
+    StructField("level", StringType(), False),        # record | element | nested | wrong_type
+    StructField("mode", StringType(), False),         # rescue | evolve | fail
+    StructField("column", StringType(), True),        # evolve: the silver column it became
+    StructField("records", LongType(), False),
+    StructField("events", LongType(), False),
+    StructField("first_at", StringType(), True),      # the batch's first bronze record carrying it
+    StructField("recorded_at", TimestampType(), False),
 ])
 
 DQ_RESULTS = StructType([

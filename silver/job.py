@@ -14,14 +14,16 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from common import accounting
-from common.delta import change_feed, ensure_table, table_version
+from common.delta import add_missing_columns, change_feed, ensure_table, local_frame, table_version
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Append, Result
 from common.quality import QualityGate, SuiteError, load_suites
-from common.schemas import BRONZE_EVENTS, DQ_RESULTS
+from common.schemas import BRONZE_EVENTS, DQ_RESULTS, NEW_FIELDS
 from common.streaming import trigger
 from common.flow import Flow, Layer, Started
 from common.lineage import read_nothing
+from silver import contract as C
+from silver import drift as D
 from silver import transform as T
 from silver.locations import ensure_seeded, schema as locations_schema
 
@@ -56,6 +58,7 @@ def ensure_tables(spark, cfg, dimension: bool = True) -> None:
     together((lambda: seed_dimension(spark, cfg)) if dimension else None,
              outputs,
              lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
+             lambda: ensure_table(spark, cfg, "ops", "new_fields", NEW_FIELDS),
              lambda: accounting.ensure_accounting(spark, cfg))
 
 
@@ -75,11 +78,12 @@ class SilverBatch(MicroBatch):
     def __init__(self, spark, cfg, suite, accounting_):
         events = cfg.table_path("silver", cfg.silver_table)
         outputs = (Append("events", events, "events"),
-                   Append("quarantine", cfg.table_path("silver", "quarantine"), "quarantine"))
+                   Append("quarantine", cfg.table_path("silver", "quarantine"), "quarantine"),
+                   Append("fields", cfg.table_path("ops", "new_fields"), "fields"))
         super().__init__(spark, cfg, QUERY, "bronze.events", {"events": QualityGate(suite)}, accounting_, outputs)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
-        self.paths = {"bronze": cfg.table_path("bronze", "events")}
+        self.paths = {"bronze": cfg.table_path("bronze", "events"), "events": events}
         if self.dimension:
             self.paths["dimension"] = cfg.table_path("silver", self.dimension)
 
@@ -107,23 +111,26 @@ class SilverBatch(MicroBatch):
         sizes = aggregates_while_caching(
             rows, F.count(F.lit(1)).alias("rows"), F.count(F.when(~T.is_accepted(), 1)).alias("rejects"),
             F.count(F.when(~T.is_accepted() & F.col("parsed"), 1)).alias("event_rejects"),
-            *T.fetch_window(~T.is_accepted()))
+            *T.fetch_window(~T.is_accepted()), *D.metrics(T.is_accepted()))
         n_rejects, n_event_rejects = sizes.rejects, sizes.event_rejects
+        rescued = [sizes.events_rescued, sizes.fields_rescued]
+        rows, evolved, new_fields = self.contract(rows, sizes, ctx, rescued)
         n_candidates, n_dq, out = sizes.rows - n_rejects, 0, {}
         fetch = [sizes.fetch_from, sizes.fetch_until]
         if n_candidates:
             joined = T.accepted(rows)
             frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
-            candidates = T.to_silver(joined, batch_id, profile, frontier)
+            candidates = T.to_silver(joined, batch_id, profile, frontier, evolved)
             gate = self.validate(ctx, ("events", candidates, n_candidates))
             dq_reasons = _dq_reasons(spark, gate.outcomes)
             if dq_reasons is not None:
                 good = candidates.join(dq_reasons, "event_id", "left_anti")
                 dq_bad = (joined.join(dq_reasons, "event_id").withColumn("reasons", F.col("dq_reasons"))
                           .drop("dq_reasons"))
-                dq = dq_bad.agg(F.count(F.lit(1)), *T.fetch_window()).first()
+                dq = dq_bad.agg(F.count(F.lit(1)), *T.fetch_window(), *D.metrics(F.lit(True))[:2]).first()
                 n_dq = dq[0]
-                fetch = _widen(fetch, dq[1:])
+                fetch = _widen(fetch, dq[1:3])
+                rescued = [rescued[0] - dq[3], rescued[1] - dq[4]]    # not written to silver
             else:
                 good, dq_bad = candidates, None
             # Empty appends are skipped: with nothing written there is nothing a retry could duplicate.
@@ -135,8 +142,29 @@ class SilverBatch(MicroBatch):
                       if fetch[0] is not None else None)
             out["quarantine"] = T.to_quarantine(T.with_record_bytes(bound, bronze, profile, *fetch),
                                                 batch_id, profile)
+        if new_fields:
+            out["fields"] = local_frame(spark, new_fields, NEW_FIELDS)
         return Result(out, dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
-                                rows_written=n_candidates - n_dq))
+                                rows_written=n_candidates - n_dq, events_rescued=rescued[0],
+                                fields_rescued=rescued[1]))
+
+    def contract(self, rows, sizes, ctx: BatchContext, rescued: list):
+        """The schema contract on a batch in which some event carries a key the profile does
+        not declare: fail naming it, or grow silver by its column (ALTER TABLE ADD COLUMNS,
+        before the append: additive, and a replay finds the column there), and the batch's
+        ops.new_fields rows. Returns (rows, evolved (path, column)s, new_fields rows)."""
+        if not sizes.events_drifted:
+            return rows, (), []
+        found = D.seen(rows, self.profile)
+        D.check(found, self.profile, ctx.batch_id)
+        have = {c.lower() for c in T.silver_columns(self.profile)}
+        evolved, moved = D.evolution(found, self.profile, have)
+        if evolved:
+            add_missing_columns(self.spark, self.paths["events"], D.columns(evolved))
+        if moved:
+            rows = D.rescue_instead(rows, moved)
+            rescued[:] = D.rescued_counts(T.accepted(rows))
+        return rows, evolved, D.rows(found, evolved, moved, self.query, ctx.batch_id)
 
 
 def _widen(a: list, b) -> list:

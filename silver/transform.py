@@ -16,6 +16,7 @@ from pyspark.sql.types import ArrayType, MapType, StringType, StructField, Struc
 
 from common import raw_bytes
 from common.profile import Profile
+from silver import contract as C
 
 CORRUPT = "_corrupt_record"
 BOM = "\ufeff"
@@ -73,7 +74,8 @@ RAW_COLUMNS = [raw_bytes.RAW, raw_bytes.RAW_BYTES]
 
 def parsed_columns(profile: Profile) -> list[str]:
     """What parse_events returns: one row per event, or one per unparsable record."""
-    return [*RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", profile.index, *event_columns(profile), "reasons"]
+    return [*RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", profile.index, *event_columns(profile), "reasons",
+            *C.BY_MODE.values()]
 
 
 def _lineage() -> list[Column]:
@@ -125,7 +127,15 @@ def parse_records(bronze: DataFrame, profile: Profile, max_record_bytes: int | N
     text = F.when(raw.startswith(BOM), F.regexp_replace(raw, f"^{BOM}", "")).otherwise(raw)
     j = F.from_json(F.when(~too_large, text), raw_schema(profile),
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    df = bronze.select(*RAW_COLUMNS, *_lineage(), j.alias("j"))
+    # The contract's second read (silver/contract.py), only when it looks for undeclared keys.
+    extra = []
+    if C.active(profile):
+        readable = F.when(~too_large, text)
+        extra.append(F.from_json(readable, C.keys_schema(profile, explodes_map(profile))).alias(C.KEYS))
+        top = C.record_extra(readable, profile)
+        if top is not None:
+            extra.append(top.alias(C.RECORD_EXTRA))
+    df = bronze.select(*RAW_COLUMNS, *_lineage(), j.alias("j"), *extra)
     # One reason per record, the first that applies. from_json reads the first JSON value and
     # ignores what follows it, so content after the closing brace is checked here: an object
     # must end the record, and "}{" (outside a string) means a second value follows.
@@ -233,24 +243,46 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
             dtype = dtype[part].dataType
         is_map = isinstance(dtype, MapType)
     parts = (idx, "_element_key", "_el") if is_map else (idx, "_el")
+    contract = C.active(profile)
+    if contract:
+        # Each element beside its map (the contract's second read), zipped so that neither
+        # record's collection is copied onto its elements' rows.
+        maps = _at(F.col(C.KEYS), profile.explode_path) if profile.explode_path else F.array(F.col(C.KEYS))
+        dtype = records.schema["j"].dataType
+        for part in profile.explode_path or ():
+            dtype = dtype[part].dataType
+        el_type = (dtype.valueType if is_map else dtype.elementType) if profile.explode_path else dtype
+        if is_map:
+            zipped = F.arrays_zip(F.map_keys(elements), F.map_values(elements), F.map_values(maps))
+            fields = [StructField("_element_key", StringType()), StructField("_el", el_type),
+                      StructField(C.ELEMENT_MAP, C.VALUES)]
+        else:
+            zipped = F.arrays_zip(elements, maps)
+            fields = [StructField("_el", el_type), StructField(C.ELEMENT_MAP, C.VALUES)]
+        elements = zipped.cast(ArrayType(StructType(fields)))
+        parts = (idx, "_z")
+    carried = [C.RECORD_EXTRA] if contract and C.RECORD_EXTRA in records.columns else []
     # In a projection of their own, before the explode: computed in the explode's select, Spark
     # would evaluate them after it, on every element's row, and the generator would still copy
     # the record's bytes onto each one.
     for c in RAW_COLUMNS:
         records = records.withColumn(c, F.when(~F.col("parsed"), F.col(c)))
     exploded = records.select(
-        *RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"),
+        *RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"), *carried,
         F.posexplode_outer(F.when(F.col("parsed"), elements)).alias(*parts))
+    if contract:
+        exploded = exploded.select("*", "_z.*").drop("_z")
     el = F.col("_el")
     outputs = [f for f in profile.fields if f.type != "present"]
     typed = exploded.select(
         *RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", "record_reasons", idx,
-        *(["_element_key"] if is_map else []),
+        *(["_element_key"] if is_map else []), *carried, *([C.ELEMENT_MAP] if contract else []),
         *[_typed(_at(el, f.path), f).alias(f.name) for f in outputs],
         *[_at(el, f.path).alias(f"_{f.name}_text") for f in profile.fields],
     )
     absent = [f for f in profile.fields if f.type == "present" and f.required]
-    field_reasons = []
+    field_reasons, wrong_types = [], []
+    rescue_wrong = contract and profile.contract.wrong_type == "rescue"
     for f in profile.fields:
         text = F.col(f"_{f.name}_text")
         if f.required:
@@ -263,7 +295,11 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         if f.type in ("boolean", "long", "double", "timestamp"):
             # Optional fields too: a value that is there but unreadable is not the same as absent.
             bad = "bad_timestamp" if f.type == "timestamp" else "wrong_type"
-            field_reasons.append(_reason(text.isNotNull() & F.col(f.name).isNull(), f"{bad}:{f.name}"))
+            wrong = text.isNotNull() & F.col(f.name).isNull()
+            if rescue_wrong and not f.required:
+                wrong_types.append((wrong, f.path))     # the contract keeps the value instead
+            else:
+                field_reasons.append(_reason(wrong, f"{bad}:{f.name}"))
         if f.name == profile.key_field and is_map:
             # The map key names the element (nest: cameras keyed by device id); a record whose
             # key and field disagree is ambiguous about which device it describes.
@@ -281,6 +317,8 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
            .withColumn("event_id", F.when(F.col("parsed"), _event_id(profile))))
     for name, expression in profile.derived:
         out = out.withColumn(name, F.expr(expression))
+    drift = C.event_columns(profile, F.col(C.ELEMENT_MAP), wrong_types) if contract else C.none()
+    out = out.withColumns({name: F.when(F.col("parsed"), c) for name, c in drift.items()})
     return out.withColumn("event_time", F.col(t)).select(*parsed_columns(profile))
 
 
@@ -401,7 +439,7 @@ FRONTIER = "silver_frontier_time"
 def silver_columns(profile: Profile) -> list[str]:
     dim = profile.dimension
     return [*event_columns(profile), "event_date", *((*dim.columns, dim.flag) if dim else ()),
-            *LINEAGE_COLUMNS, "silver_batch_id", FRONTIER]
+            C.RESCUED_DATA, *LINEAGE_COLUMNS, "silver_batch_id", FRONTIER]
 
 
 def frontier_ms(watermark_ms: int, delay_seconds: float) -> int | None:
@@ -411,13 +449,18 @@ def frontier_ms(watermark_ms: int, delay_seconds: float) -> int | None:
 
 
 def to_silver(events: DataFrame, batch_id: int, profile: Profile,
-              frontier: int | None = None) -> DataFrame:
-    """`frontier`: the batch's FRONTIER in epoch ms (see frontier_ms)."""
+              frontier: int | None = None, evolved: tuple[tuple[str, str], ...] = ()) -> DataFrame:
+    """`frontier`: the batch's FRONTIER in epoch ms (see frontier_ms). `evolved`: (key path,
+    column) of the undeclared keys the contract evolves silver by, each value as text (a
+    string as itself, any other JSON value as its JSON: what a declared string or json field
+    would hold)."""
     cols = silver_columns(profile)
     at = F.timestamp_millis(F.lit(frontier)) if frontier is not None else F.lit(None).cast("timestamp")
+    grown = [F.col(C.EVOLVED)[path].cast("string").alias(column) for path, column in evolved]
     return (events.withColumn("event_date", F.to_date("event_time"))
             .withColumn("silver_batch_id", F.lit(batch_id).cast("long"))
-            .withColumn(FRONTIER, at).select(*cols))
+            .withColumn(C.RESCUED_DATA, C.rescued_data(F.col(C.RESCUED)))
+            .withColumn(FRONTIER, at).select(*cols, *grown))
 
 
 def bronze_key(prefix: str = "") -> Column:

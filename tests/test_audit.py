@@ -205,7 +205,7 @@ def test_a_clean_pipeline_passes_every_audit(lake):
         assert {c["status"] for c in checks} == {"PASS"}, table
         assert any(c["actual_rows"] for c in checks)
     books = {a["name"]: a for a in report["accounting"]}
-    assert set(books) == {"silver", "silver.late_events", *GOLD}
+    assert set(books) == {"silver", "silver.late_events", "silver rescued events", "silver rescued keys", *GOLD}
     assert all(a["status"] == "PASS" for a in books.values())
     # the run exercised every kind of drop the identities account for
     assert books["silver"]["right"]["duplicates dropped"] >= 2

@@ -133,7 +133,7 @@ def build_report(spark, cfg, out: Path, pictures=()) -> list[Path]:
     """The charts and index.html; `pictures`: more drawings, each `draw(cfg, out) -> Path`, first
     (the flows' graph, drawn by pipeline.graph on a floor above: `python -m tools.report` and
     `lakehouse report` pass it)."""
-    from tools.status import query_status, render
+    from tools.status import new_fields, query_status, render
 
     out.mkdir(parents=True, exist_ok=True)
     charts: list[Path] = [draw(cfg, out) for draw in pictures]
@@ -152,7 +152,7 @@ def build_report(spark, cfg, out: Path, pictures=()) -> list[Path]:
                                    quarantine.selectExpr("explode(reasons) AS reason").groupBy("reason")
                                    .count().withColumnRenamed("count", "n").toPandas(), out))
     charts = [c for c in charts if c is not None]
-    status = render(query_status(spark, cfg))
+    status = render(query_status(spark, cfg), new_fields(spark, cfg))   # new fields below the queries
     body = "\n".join(f'<h2>{html.escape(c.stem.replace("_", " "))}</h2><img src="{c.name}">' for c in charts)
     (out / "index.html").write_text(
         "<!doctype html><meta charset='utf-8'><title>lakehouse report</title>"

@@ -5,6 +5,9 @@
 Reads ops.query_progress (written by every job while it runs) and the queries' checkpoints, so
 it works while jobs run and after they stop. A checkpoint whose offset log is ahead of its
 commit log has a batch running now, or one that was interrupted and will be replayed.
+Below the queries: the keys the feed carries that the profile does not declare (ops.new_fields,
+written by silver's schema contract), when each first appeared and how many records have
+carried it since.
 """
 from __future__ import annotations
 
@@ -112,6 +115,30 @@ def query_status(spark, cfg) -> list[dict]:
     return list(rows.values())
 
 
+def new_fields(spark, cfg) -> list[dict]:
+    """Each undeclared key silver has met: when and where it first appeared, what the contract
+    did with it (its latest batch's mode), and the records and events that carried it since."""
+    from pyspark.sql import functions as F
+
+    path = cfg.table_path("ops", "new_fields")
+    if not is_delta_table(path):
+        return []
+    first = F.min(F.struct("recorded_at", "batch_id", "first_at"))
+    latest = F.max(F.struct("recorded_at", "batch_id", "mode", "column"))
+    rows = (spark.read.format("delta").load(path).groupBy("field", "level")
+            .agg(first.alias("first"), latest.alias("latest"), F.sum("records").alias("records"),
+                 F.sum("events").alias("events"))
+            .orderBy("first").collect())
+    return [{"field": r.field, "level": r.level, "mode": r.latest.mode, "column": r.latest.column,
+             "first_seen": r.first.recorded_at, "first_at": r.first.first_at, "records": r.records,
+             "events": r.events} for r in rows]
+
+
+FIELD_COLUMNS = [("field", "new field"), ("level", "level"), ("mode", "contract"), ("column", "column"),
+                 ("first_seen", "first seen (UTC)"), ("first_at", "first in"), ("records", "records since"),
+                 ("events", "events since")]
+
+
 # what a stateful operator's keys are, for the operators this pipeline runs
 KEYS_OF = {"dedupeWithinWatermark": "dedup keys", "applyInPandasWithState": "keys with open sessions"}
 
@@ -144,11 +171,19 @@ COLUMNS = [("query", "query"), ("state", "state"), ("batch", "batch"), ("at", "l
            ("last_error", "last error")]
 
 
-def render(rows: list[dict]) -> str:
+def render(rows: list[dict], fields: list[dict] = ()) -> str:
     if not rows:
         return "no streaming query has run yet under this lakehouse (make run-all)"
-    table = [[h for _, h in COLUMNS]] + [[_cell(r.get(k)) for k, _ in COLUMNS] for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    text = _table(COLUMNS, rows)
+    if fields:
+        text += ("\n\nkeys the profile does not declare (ops.new_fields; the profile's parse.contract "
+                 "says what silver does with them):\n" + _table(FIELD_COLUMNS, fields))
+    return text
+
+
+def _table(columns, rows) -> str:
+    table = [[h for _, h in columns]] + [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
 
 
@@ -162,8 +197,10 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.status") -> int:
     from common.spark import session
 
     with session(cfg, "status", spark) as spark:
-        rows = query_status(spark, cfg)
-    print(json.dumps(rows, indent=2, default=str) if args.json else render(rows))
+        rows, fields = query_status(spark, cfg), new_fields(spark, cfg)
+    # --json keeps its list of queries; each new field is one more entry, marked as such.
+    print(json.dumps(rows + [{"new_field": f} for f in fields], indent=2, default=str) if args.json
+          else render(rows, fields))
     return 0
 
 

@@ -6,6 +6,8 @@ When cameras fire is tools/generator/activity.py: bursts of a few events, idle g
 by night. Defects (duplicates, late events, malformed lines, unknown devices) are injected at
 the configured rates and counted in a manifest that downstream accounting is checked against,
 beside the session lengths the feed holds for gold's session gap (tools/generator/session_stats.py).
+With a drift point (--drift), the feed changes shape from there on, camera by camera in turn: a
+new field (battery_level), a type change (is_online as a string) and a removed field (has_sound).
 """
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ UTC_OFFSETS = {"CA": -8, "NY": -5, "IL": -6, "WA": -8, "TX": -6, "MA": -5, "CO":
                "OR": -8, "FL": -5}
 ROOMS = ("Front Door", "Backyard", "Garage", "Driveway", "Living Room", "Nursery", "Porch", "Side Gate")
 _BOOL = ("false", "true")
+# How the feed drifts after the drift point, one kind per camera in turn (docs/generator.md).
+DRIFT_KINDS = ("new_field", "type_change", "removed_field")
 
 
 class Record(NamedTuple):
@@ -69,6 +73,7 @@ class Params:
     malformed_rate: float
     unknown_device_rate: float
     rhythm: activity.Rhythm
+    drift_at: float | None = None   # fraction of the events after which the feed drifts
 
     @classmethod
     def from_config(cls, g) -> Params:
@@ -86,6 +91,7 @@ class Batch:
     malformed_kinds: dict[str, int]
     event_times: dict[str, list[int]]   # device -> start times (epoch ms) of its emitted events
     span_s: float                       # event time the timeline covers from the start
+    drift: dict[str, int] | None = None  # drifted events by DRIFT_KINDS (None: no drift point)
 
     def sessions(self, gap_s: float) -> dict:
         return session_stats.summary(self.event_times, gap_s)
@@ -121,6 +127,17 @@ def _camera(prefix: str, rng: Random, t_ms: int, person_episode: bool) -> str:
     return (f'{prefix}{_BOOL[rng.random() < 0.95]},"last_event":{{"has_sound":{_BOOL[rng.random() < 0.25]},'
             f'"has_motion":{_BOOL[motion]},"has_person":{_BOOL[person]},"start_time":"{_iso(t_ms)}",'
             f'"end_time":"{_iso(t_ms + rng.randint(5, 120) * 1000)}"}}}}')
+
+
+def _drifted(camera: str, kind: str, j: int) -> str:
+    """A camera's JSON changed in one of DRIFT_KINDS's ways; no randomness, so the rest of the
+    feed is the same with or without a drift point."""
+    if kind == "new_field":
+        return f'{camera[:-1]},"battery_level":{0.5 + j % 50 / 100:.2f}}}'
+    if kind == "type_change":
+        return re.sub(r'"is_online":(true|false)', lambda m: f'"is_online":"{"online" if m[1] == "true" else "offline"}"',
+                      camera, count=1)
+    return re.sub(r'"has_sound":(true|false),', "", camera, count=1)
 
 
 def _record(cameras: list[str], rng: Random) -> str:
@@ -167,6 +184,8 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
     pending: list[tuple[int, int, Record]] = []   # duplicates waiting for their slot
     counts = dict.fromkeys(("valid", "duplicates", "late", "malformed", "unknown_device"), 0)
     kinds = dict.fromkeys(MALFORMED_KINDS, 0)
+    drift_from = None if p.drift_at is None else int(p.drift_at * n_events)
+    drifted = dict.fromkeys(DRIFT_KINDS, 0)
     emitted: dict[str, list[int]] = {d: [] for d in devices}
     latest = None    # first event time of the last on-time record: what the stream has shown
     j = 0
@@ -187,6 +206,10 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
             t -= shift
             emitted[d].append(t)
             cameras.append(_camera(prefix[d], rng, t, person))
+            if drift_from is not None and j >= drift_from:
+                kind = DRIFT_KINDS[(j - drift_from) % len(DRIFT_KINDS)]
+                cameras[-1] = _drifted(cameras[-1], kind, j)
+                drifted[kind] += 1
             j += 1
         if not late:
             latest = events[j - len(ids)][0]
@@ -210,7 +233,7 @@ def generate(n_events: int, p: Params, seed: int) -> Batch:
     records.extend(rec for _, _, rec in sorted(pending))
     counts["events"] = n_events
     span_ms = int(p.span_s * 1000) if p.span_s is not None else events[-1][0] - p.start_ms + 1
-    return Batch(records, counts, kinds, emitted, span_ms / 1000)
+    return Batch(records, counts, kinds, emitted, span_ms / 1000, drifted if drift_from is not None else None)
 
 
 def utc_offset(index: int) -> int:
@@ -336,6 +359,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--files", type=pos, help="landing files per run (default: generator.files)")
     for name in ("duplicate", "late", "malformed", "unknown-device"):
         ap.add_argument(f"--{name}-rate", type=rate, help=f"default: generator.{name.replace('-', '_')}_rate")
+    ap.add_argument("--drift", type=_checked(float, lambda v: 0 <= v <= 1, "a fraction between 0 and 1"),
+                    help="the feed changes shape after this fraction of the events, camera by camera in "
+                         "turn: a new field (battery_level), a type change (is_online as a string), a "
+                         "removed field (has_sound); the manifest counts each (default: no drift)")
     ap.add_argument("--span", type=_arg(parse_duration, "a duration like '6 hours'"),
                     help="event-time span, e.g. '6 hours': the activity timeline is squeezed or "
                          "stretched to fill it (default: generator.span; null there: as long as "
@@ -362,7 +389,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
         return 2
     overrides = {"devices": args.devices, "duplicate_rate": args.duplicate_rate, "late_rate": args.late_rate,
                  "malformed_rate": args.malformed_rate, "unknown_device_rate": args.unknown_device_rate,
-                 "span_s": args.span.seconds if args.span else None}
+                 "span_s": args.span.seconds if args.span else None, "drift_at": args.drift}
     params = replace(Params.from_config(cfg.generator), **{k: v for k, v in overrides.items() if v is not None})
     try:
         batch = generate(args.events, params, args.seed)
@@ -385,7 +412,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
     manifest = {"records": len(batch.records), **batch.counts, "malformed_kinds": batch.malformed_kinds,
                 "start": _iso(params.start_ms), "span_s": batch.span_s, "sessions": sessions,
                 "seed": args.seed, "sink": args.sink, "files": [str(f) for f in files], "topic": topic,
-                "locations": str(locations)}
+                "locations": str(locations), "drift_at": params.drift_at, "drift": batch.drift}
     if args.manifest:
         args.manifest.parent.mkdir(parents=True, exist_ok=True)
         args.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
