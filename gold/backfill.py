@@ -45,6 +45,7 @@ class Outcome:
     events: int = 0                                    # late events folded in
     resumed: list[str] = field(default_factory=list)   # unfinished backfills it completed
     pending_open: int = 0                              # left pending: their session is open
+    retry_at_ms: int | None = None                     # ... until gold's watermark is here
     tables: dict[str, int] = field(default_factory=dict)   # table -> its version after
 
     def as_dict(self) -> dict:
@@ -106,14 +107,15 @@ def _frame(spark, rows: list[dict], schema) -> DataFrame:
 
 
 def restate_sessions(spark, spec: GoldTable, table: DataFrame, events: DataFrame, watermark_ms: int):
-    """The session rows a backfill of `events` writes, and the keys it must leave pending (their
-    late events would extend or join a session still open at `watermark_ms`)."""
+    """The session rows a backfill of `events` writes, the keys it must leave pending (their
+    late events would extend or join a session still open at `watermark_ms`), and the earliest
+    watermark at which one of those could go (None: none pending)."""
     from gold import sessions as S
 
     s = spec.spec
     inputs = S.session_inputs(events, s).toPandas()
     if inputs.empty:
-        return [], set()
+        return [], set(), None
     keys = sorted(inputs[s.key].dropna().unique().tolist())
     held = (table.where(F.col(s.key).isin(keys) & (F.col("status") != "merged"))
             .withColumn("_start", F.unix_millis("session_start")).withColumn("_end", F.unix_millis("session_end"))
@@ -121,7 +123,7 @@ def restate_sessions(spark, spec: GoldTable, table: DataFrame, events: DataFrame
     by_key: dict = {}
     for r in held:
         by_key.setdefault(r[s.key], []).append(r)
-    out, pending = [], set()
+    out, pending, closes = [], set(), []
     for key, frame in inputs.groupby(s.key, sort=True):
         before = _session_dicts(sorted(by_key.get(key, []), key=lambda r: r["_start"]), s)
         status = {b["id"]: b.pop("_status") for b in before}
@@ -131,10 +133,11 @@ def restate_sessions(spark, spec: GoldTable, table: DataFrame, events: DataFrame
         if any(status.get(i) != "closed" for i in absorbed) or not all(
                 S.is_closed(a, s.gap_ms, watermark_ms) for a in changed):
             pending.add(key)
+            closes.append(max(a["end"] for a in changed) + s.gap_ms)
             continue
         out += [S._row(key, a, "closed", s) for a in changed]
         out += [S._merged_notice(key, i, s) for i in sorted(absorbed)]
-    return out, pending
+    return out, pending, min(closes, default=None)
 
 
 def _differs(a: dict, b: dict) -> bool:
@@ -184,7 +187,7 @@ class Backfill:
             stateful = next((s for s in self.specs if s.stateful), None)
             if stateful is not None:
                 path = self.paths[stateful.table]
-                _, held = restate_sessions(self.spark, stateful, DeltaTable.forPath(self.spark, path).toDF(),
+                _, held, outcome.retry_at_ms = restate_sessions(self.spark, stateful, DeltaTable.forPath(self.spark, path).toDF(),
                                            pending, watermark_ms(self.spark, path))
                 outcome.pending_open = pending.where(F.col(stateful.spec.key).isin(sorted(held))).count() if held else 0
             chosen = pending.where(~F.col(stateful.spec.key).isin(sorted(held))) if held else pending
@@ -231,7 +234,7 @@ class Backfill:
                 watermark = watermark_ms(self.spark, path)
                 target = DeltaTable.forPath(self.spark, path)
                 if spec.stateful:
-                    restated, held = restate_sessions(self.spark, spec, target.toDF(), events, watermark)
+                    restated, held, _ = restate_sessions(self.spark, spec, target.toDF(), events, watermark)
                     if held:
                         raise JobError(f"backfill {backfill_id}: its events of {sorted(held)[:5]} now extend "
                                        f"a session open in gold.{spec.table}; nothing written to it")
@@ -282,7 +285,9 @@ class InBatch:
         self.auto = cfg.gold.backfill == "auto"
         self.delay = cfg.gold.backfill_delay.seconds
         self.late_since: float | None = None     # monotonic time a pending late event was seen
+        self.retry_at: int | None = None         # auto: a backfill left events for this watermark
         self.looked = False
+        self.last_watermark: int | None = None   # the batch before's: what gold's tables hold
 
     def found_late(self) -> None:
         import time
@@ -290,30 +295,42 @@ class InBatch:
         if self.late_since is None:
             self.late_since = time.monotonic()
 
-    def __call__(self, spark) -> Outcome | None:
-        """`spark`: the batch's own session (commit metadata set on it stays the query's)."""
+    def __call__(self, spark, watermark_ms: int) -> Outcome | None:
+        """`spark`: the batch's own session (commit metadata set on it stays the query's);
+        `watermark_ms`: the batch's. Events whose session was open wait for the watermark of a
+        batch before to pass it (its tables hold the sessions closed by then)."""
         import json
         import logging
         import time
 
         from common.log import fields
 
+        held, self.last_watermark = self.last_watermark, watermark_ms
+        passed = lambda at: at is None or (held is not None and held >= at)  # noqa: E731
         where = request_path(self.cfg)
         asked = json.loads(where.read_text()) if where.exists() else None
+        if asked is not None and not passed(asked.get("retry_at_ms")):
+            asked = None
         if self.auto and not self.looked:
             # A start: late events an earlier run kept wait the delay from now.
             self.looked = True
             if self.late_since is None and Backfill(spark, self.cfg).late().where(
                     "backfilled_by IS NULL").limit(1).count():
                 self.found_late()
-        due = self.auto and self.late_since is not None and time.monotonic() - self.late_since >= self.delay
+        due = (self.auto and self.late_since is not None and time.monotonic() - self.late_since >= self.delay
+               and passed(self.retry_at))
         if asked is None and not due:
             return None
         since, until = (_time(asked[k]) if asked and asked.get(k) else None for k in ("from", "to"))
         outcome = Backfill(spark, self.cfg).run(since, until)
         if asked is not None:
-            where.unlink(missing_ok=True)
-        self.late_since = time.monotonic() if outcome.pending_open else None
+            if outcome.pending_open:      # the request stands for what is left
+                where.write_text(json.dumps({**asked, "retry_at_ms": outcome.retry_at_ms}))
+            else:
+                where.unlink(missing_ok=True)
+        self.retry_at = outcome.retry_at_ms
+        if not outcome.pending_open:
+            self.late_since = None
         logging.getLogger(__name__).info(
             f"{outcome.id or 'backfill'}: folded {outcome.events} late event(s) into gold"
             + (f", {outcome.pending_open} wait for their session to close" if outcome.pending_open else ""),

@@ -149,7 +149,7 @@ class GoldBatch(MicroBatch):
     def compute(self, batch: DataFrame, ctx: BatchContext) -> Result:
         watermark = ctx.lineage["watermark_ms"]
         if self.backfills is not None:
-            self.backfills(ctx.session)       # before the fold, which then builds on what it restated
+            self.backfills(ctx.session, watermark)      # before the fold, which then builds on what it restated
         ctx.keep(batch)
         # One job counts the batch's events (and fills its cache) and finds the earliest.
         seen = aggregates_while_caching(

@@ -30,7 +30,8 @@ ROUNDS = [
     [record(("cam-0001", "10:00"), ("cam-0002", "10:00")), record(("cam-0001", "10:20")),
      record(("cam-0001", "10:40"), ("cam-0002", "10:05")), record(("cam-0003", "10:30"))],
     [record(("cam-0001", "12:00"), ("cam-0002", "12:20")), record(("cam-0002", "12:35")),
-     record(("cam-0003", "12:50"), ("cam-0001", "13:05"))],
+     record(("cam-0003", "12:50"), ("cam-0001", "13:05")),
+     record(("cam-0003", "09:30"))],                  # late for gold: kept, backfilled after the refresh
     # lands while the refresh runs
     [record(("cam-0001", "14:00"), ("cam-0003", "14:15")), record(("cam-0001", "14:20")),
      record(("cam-0002", "14:45"))],
@@ -229,6 +230,28 @@ def test_the_live_stream_goes_on_from_the_refresh_and_lands_later_rows_once(spar
     assert hourly.where("window_start >= '2026-11-01 16:00:00'").count() > 0
     last = [c for c in prefix(refreshed["audit_new"], "gold.zip_hourly_sightings")][-1]
     assert last["status"] == "PASS" and last["upstream"] == version(spark, new.table_path("silver", "camera_events"))
+
+
+def test_the_change_feed_rebuilds_gold_through_the_refresh_and_a_backfill_after_it(spark, refreshed, tmp_path):
+    """A consumer of gold's change feed (docs/change-feed.md, as written) from version 0, through
+    the batches before the refresh, its switch (an overwrite), the batches after it and a
+    backfill of the late events the build kept again, ends equal to every table (on a copy)."""
+    import shutil
+
+    from audit.__main__ import run_audit
+    from audit.changes import mirror_differences
+    from gold.backfill import Backfill
+
+    shutil.copytree(Path(str(refreshed["new"].root)), tmp_path / "lakehouse")
+    forget_names(spark)
+    copy = config(tmp_path, **NEW_GAP)
+    outcome = Backfill(spark, copy).run()
+    assert outcome.events > 0, outcome             # the build found late events again
+    assert mirror_differences(spark, copy, str(tmp_path / "mirror")) == {t: 0 for t in copy.tables["gold"]}
+    report = run_audit(spark, copy)
+    checks = [c for t in report["tables"] if t["table"].startswith("gold.") for c in t.get("prefix", [])]
+    assert any(c["made_by"] == f"backfill {outcome.id}" and c["status"] == "PASS" for c in checks), checks
+    forget_names(spark)
 
 
 def test_bad_input_gets_a_clear_error_and_changes_nothing(spark, cfg, tmp_path):
