@@ -214,8 +214,8 @@ else
 endif
 	$(DEMO_NEXT)
 
-demo-day2: $(READY) ## Day two while the pipeline streams: a late backlog backfilled, a camera that moves, audit and change feed (lakehouse-day2/)
-	$(PY) -m tools.day2 $(if $(N),-n $(N))
+demo-day2: $(READY) ## Day two while the pipeline streams: a late backlog backfilled, a camera that moves, a drifting feed, a refresh, audit and change feed (lakehouse-day2/)
+	$(PY) -m console.day2 $(if $(N),-n $(N))
 
 status: $(READY) ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)
 	@$(PY) -m tools.status $(if $(JSON),--json)

@@ -364,7 +364,6 @@ def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
     args = parser.parse_args(argv)
     configure()
     cfg = cfg or load_config()
-    from audit.tables import spark_session
     from gold.tables import for_config, query_name
 
     from common.checkpoint_lock import CheckpointBusy
@@ -379,8 +378,15 @@ def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
               "data comes) folds the pending late events in before its own rows (the gold log says so)")
         return 0
     try:
-        with spark_session(cfg, spark, "backfill") as session:
-            outcome = Backfill(session, cfg).run(args.since, args.until, args.dry_run)
+        if spark is None:
+            from common.spark import build_spark
+
+            session = build_spark(cfg, "backfill")
+        try:
+            outcome = Backfill(spark or session, cfg).run(args.since, args.until, args.dry_run)
+        finally:
+            if spark is None:
+                session.stop()
     finally:
         locks.__exit__(None, None, None)
     if args.json:

@@ -1,6 +1,6 @@
 """Day two of a lakehouse, scripted: what changes while the pipeline runs.
 
-    python -m tools.day2 [-n EVENTS] [--seed N]        (make demo-day2)
+    python -m console.day2 [-n EVENTS] [--seed N]        (make demo-day2)
 
 On a lakehouse of its own (LAKEHOUSE_ROOT, default ./lakehouse-day2, started afresh), with the
 pipeline streaming (run-all, processing-time) the whole time:
@@ -138,7 +138,7 @@ def mirror(lake: Lake) -> int:
 
 
 @command
-def main(argv=None, prog: str = "tools.day2") -> int:
+def main(argv=None, prog: str = "console.day2") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--events", type=int, default=3000, help="events of the first feed (default 3000)")
@@ -237,7 +237,7 @@ def main(argv=None, prog: str = "tools.day2") -> int:
         made = [c.get("made_by") or "" for t in report["tables"] for c in t.get("prefix", [])]
         print(f"  gold versions made by backfills: {sum(m.startswith('backfill') for m in made)}")
         checks.append(("audit PASS, backfills and the refresh included", bool(report.get("ok"))))
-        differ = json.loads(lake.run("tools.day2", "--mirror"))
+        differ = json.loads(lake.run("console.day2", "--mirror"))
         print("change-feed consumer (docs/change-feed.md) from version 0, rows differing per gold table: "
               + ", ".join(f"{t} {n}" for t, n in differ.items()))
         checks.append(("a change-feed consumer rebuilds each gold table", not any(differ.values())))
