@@ -207,8 +207,9 @@ def main(argv=None, prog: str = "console.day2") -> int:
         checks.append(("drifted events rescued or quarantined by reason", True))
 
         # The drifted feed moved gold's watermark past the backlog's session: folded in.
+        # (the events are marked first, then each table written: wait for the sessions table)
         lake.wait("the running gold query to backfill the backlog", lambda: lake.one(
-            "SELECT count(*) FROM silver.late_events WHERE backfilled_by IS NULL") == 0)
+            f"SELECT sum(events) FROM gold.device_sessions WHERE device_id = '{BACKLOG}'") == len(backlog))
         after = lake.one(f"SELECT sum(events) FROM gold.device_sessions WHERE device_id = '{BACKLOG}'")
         print(f"backfilled: gold.device_sessions events of {BACKLOG}: {before} before, {after} after")
         checks.append(("the backlog reached gold's sessions", before == 0 and after == len(backlog)))
