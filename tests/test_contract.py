@@ -132,18 +132,25 @@ DRIFTED = line([camera("cam-0001", "10:30", last_event={"has_animal": True}),
                 camera("cam-0002", "10:35", battery_level=0.81)]) + line([camera("cam-0001", "10:50")])
 
 
-def run_drift(spark, env, tmp_path, contract: dict):
-    """bronze and silver live (processing time); the drifted file lands after silver's first
-    batch. Returns (config, silver query, the first batch id, the error silver stopped on)."""
-    from pipeline.runner import start
-
-    folder = profile_dir(tmp_path, contract=contract)
+def live_config(env, folder):
+    """A processing-time config on the drifting profile of `folder`, its locations and the
+    feed's first file landed."""
     live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second",
                             "PROFILE": "drifting", "PROFILES_DIR": str(folder)})
     live.locations_csv.parent.mkdir(parents=True, exist_ok=True)
     live.locations_csv.write_text(LOCATIONS)
     live.landing.mkdir(parents=True)
     write(live.landing, "before.jsonl", BEFORE)
+    return live
+
+
+def run_drift(spark, env, tmp_path, contract: dict):
+    """bronze and silver live (processing time); the drifted file lands after silver's first
+    batch. Returns (config, silver query, the first batch id, the error silver stopped on)."""
+    from pipeline.runner import start
+
+    folder = profile_dir(tmp_path, contract=contract)
+    live = live_config(env, folder)
     bronze_q, = start(spark, live, "bronze", source="files")
     silver_q, error = None, None
     try:
@@ -290,12 +297,7 @@ def test_gold_streaming_from_silver_restarts_when_a_column_evolves(spark, env, c
     from pipeline.runner import start
 
     folder = profile_dir(tmp_path, contract={"known": ["$.metadata"], "element": "evolve"})
-    live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second",
-                            "PROFILE": "drifting", "PROFILES_DIR": str(folder)})
-    live.locations_csv.parent.mkdir(parents=True, exist_ok=True)
-    live.locations_csv.write_text(LOCATIONS)
-    live.landing.mkdir(parents=True)
-    write(live.landing, "before.jsonl", BEFORE)
+    live = live_config(env, folder)
     queries = []
     try:
         bronze_q, = start(spark, live, "bronze", source="files")
