@@ -14,8 +14,8 @@ def writers(cfg: Config) -> dict[str, tuple[str, ...]]:
     return {"bronze.events": ("bronze_files", "bronze_kafka"),
             f"silver.{cfg.silver_table}": ("silver",),
             "silver.quarantine": ("silver",),
-            "silver.late_events": ("gold",),
-            **{f"gold.{t}": ("gold",) for t in cfg.tables["gold"]}}
+            **{f"gold.{t}": ("gold",) for t in cfg.tables["gold"]},
+            "silver.late_events": ("gold",)}         # the late events gold keeps (gold/late.py)
 
 
 def stream_readers(cfg: Config) -> dict[str, tuple[str, ...]]:

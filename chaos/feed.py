@@ -48,7 +48,7 @@ class Feeder:
         self.events_per_wave, self.files_per_wave = events_per_wave, files_per_wave
         self.params = replace(Params.from_config(cfg.generator), span_s=wave_span_s)
         self.expected = Expected()
-        write_locations(cfg.locations_csv, self.params.devices)
+        write_locations(cfg.locations_csv, self.params.devices, cfg.silver.min_event_time)
 
     def wave(self) -> int:
         n = self.expected.waves

@@ -147,7 +147,8 @@ def test_stream_warnings_follow_readers_writers_and_checkpoints(cfg):
     reader = R.stream_warnings(cfg, "silver.camera_events", files_removed=2, files_readded=0)
     # gold reads silver but has not run yet: nothing to delete.
     assert reader == ["gold reads silver.camera_events as a stream (and writes gold.zip_hourly_sightings, "
-                      "gold.device_activity, gold.device_sessions, gold.zip_daily_devices). It has not run yet, so its first run "
+                      "gold.device_activity, gold.device_sessions, gold.zip_daily_devices, silver.late_events). "
+                      "It has not run yet, so its first run "
                       "reads the restored table.",
                       "silver writes silver.camera_events as a stream (`make run-silver`)."]
     Path(cfg.checkpoint("gold")).mkdir(parents=True)

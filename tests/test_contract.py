@@ -264,7 +264,7 @@ def test_a_drifting_feed_loses_nothing_and_every_drifted_event_is_accounted_for(
                      unknown_device_rate=0.0, drift_at=0.5)
     batch = gen.generate(600, params, 21)
     files = gen.write_files(batch.records, run.landing, 21, 4)
-    gen.write_locations(run.locations_csv, params.devices)
+    gen.write_locations(run.locations_csv, params.devices, run.silver.min_event_time)
     for name, options in (("bronze", {"source": "files"}), ("silver", {})):
         for q in start(spark, run, name, **options):
             q.awaitTermination()
