@@ -114,6 +114,10 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         "spark.hadoop.fs.file.impl": LOCAL_FS,
         "spark.hadoop.fs.AbstractFileSystem.file.impl": LOCAL_FS_CONTEXT,
         "spark.sql.session.timeZone": "UTC",
+        # A JSON object with a key twice (bad input silver must survive) read as a MAP (the
+        # schema contract's key scan): the last value wins, as in the typed parse, instead of
+        # DUPLICATED_MAP_KEY failing the whole batch.
+        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         "spark.sql.shuffle.partitions": str(cfg.spark.shuffle_partitions),
         "spark.default.parallelism": str(cfg.spark.shuffle_partitions),
         "spark.driver.memory": cfg.spark.driver_memory,
