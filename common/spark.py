@@ -114,10 +114,11 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         "spark.hadoop.fs.file.impl": LOCAL_FS,
         "spark.hadoop.fs.AbstractFileSystem.file.impl": LOCAL_FS_CONTEXT,
         "spark.sql.session.timeZone": "UTC",
-        # A JSON object with a key twice (bad input silver must survive) read as a MAP (the
-        # schema contract's key scan): the last value wins, as in the typed parse, instead of
-        # DUPLICATED_MAP_KEY failing the whole batch.
+        # A JSON object with a key twice (bad input silver must survive) read as a MAP or a
+        # VARIANT (the schema contract's key scan): the last value wins, as in the typed parse,
+        # instead of DUPLICATED_MAP_KEY failing the batch or the record parsing as NULL.
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+        "spark.sql.variant.allowDuplicateKeys": "true",
         "spark.sql.shuffle.partitions": str(cfg.spark.shuffle_partitions),
         "spark.default.parallelism": str(cfg.spark.shuffle_partitions),
         "spark.driver.memory": cfg.spark.driver_memory,
