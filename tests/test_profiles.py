@@ -328,7 +328,7 @@ def test_a_valid_minimal_profile_loads(tmp_path):
 
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(GOOD))
     cfg = load_config(env={"PROFILE": "p", "PROFILES_DIR": str(tmp_path)})
-    assert cfg.tables["silver"] == ("things", "quarantine") and cfg.tables["gold"] == ("per_hour",)
+    assert cfg.tables["silver"] == ("things", "quarantine", "late_events") and cfg.tables["gold"] == ("per_hour",)
 
 
 @pytest.mark.parametrize("mutate, expected", [
