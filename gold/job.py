@@ -114,6 +114,7 @@ class GoldBatch(MicroBatch):
         outputs = tuple(out for spec in tables for out in sinks.outputs(cfg, spec))
         # The silver rows of late events, kept (gold/late.py) when the stream carries them.
         self.late_schema = silver_schema if cfg.gold.watermark is not None else None
+        self.late_table_ready = False
         if self.late_schema is not None:
             outputs += (Append(late.OUTPUT, cfg.table_path("silver", late.TABLE), late.KEY),)
         # The query of every table folds backfills in (gold/backfill.py); a selection does not.
@@ -158,6 +159,11 @@ class GoldBatch(MicroBatch):
             *([F.count(late.LATE).alias("late")] if self.late_schema is not None else []))
         kept = {}
         if self.late_schema is not None and seen["late"]:
+            if not self.late_table_ready:
+                # Once per query start, and only when late rows come: a restart after silver grew
+                # a column (its schema contract) starts the query alone, and its late rows carry it.
+                late.ensure(ctx.session, self.cfg, self.late_schema)
+                self.late_table_ready = True
             if self.backfills is not None:
                 self.backfills.found_late()
             kept[late.OUTPUT] = late.rows(batch, self.late_schema, self.query, ctx.batch_id, watermark)
@@ -221,6 +227,7 @@ def prepare_gold(spark, cfg, specs) -> None:
     # Distinct tables, so side by side.
     together(lambda: ensure_table(spark, cfg, "ops", "dq_results", DQ_RESULTS),
              lambda: accounting.ensure_accounting(spark, cfg),
+             (lambda: late.ensure(spark, cfg, silver_schema)) if cfg.gold.watermark is not None else None,
              *[(lambda spec=spec: ensure_table(spark, cfg, "gold", spec.table,
                                                spec.output_schema(spark, silver_schema), (),
                                                change_feed(cfg.gold.change_feed), by_name(spec.checks())))
@@ -234,10 +241,6 @@ def start_query(spark, cfg, specs, suites: dict):
              if f"gold.{spec.table}" in suites}
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
     silver = silver_stream(spark, cfg)
-    if cfg.gold.watermark is not None:
-        # Here, not with the other tables: a restart after silver grew a column (its schema
-        # contract) starts only the query, whose late rows then carry that column too.
-        late.ensure(spark, cfg, silver.schema)
     batch = GoldBatch(spark, cfg, specs, gates, books, query, silver.schema)
     running = (gold_stream(spark, cfg, specs, silver).writeStream.queryName(query)
                .outputMode("update")

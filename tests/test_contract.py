@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from common.config import ConfigError, load_config
 from silver import contract as C
 from silver import transform as T
-from tests.test_schema_drift import LOCATIONS, camera, line, write
+from tests.test_schema_drift import camera, line, live_config, write
 from tests.test_silver_transform import bronze_df
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,21 +127,8 @@ def test_a_contract_mode_or_key_that_does_not_exist_is_a_clear_error(tmp_path):
 
 # --- the modes on a live stream ----------------------------------------------------------------
 
-BEFORE = line([camera("cam-0001", "10:00")]) + line([camera("cam-0002", "10:05")])
 DRIFTED = line([camera("cam-0001", "10:30", last_event={"has_animal": True}),
                 camera("cam-0002", "10:35", battery_level=0.81)]) + line([camera("cam-0001", "10:50")])
-
-
-def live_config(env, folder):
-    """A processing-time config on the drifting profile of `folder`, its locations and the
-    feed's first file landed."""
-    live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second",
-                            "PROFILE": "drifting", "PROFILES_DIR": str(folder)})
-    live.locations_csv.parent.mkdir(parents=True, exist_ok=True)
-    live.locations_csv.write_text(LOCATIONS)
-    live.landing.mkdir(parents=True)
-    write(live.landing, "before.jsonl", BEFORE)
-    return live
 
 
 def run_drift(spark, env, tmp_path, contract: dict):
@@ -150,7 +137,7 @@ def run_drift(spark, env, tmp_path, contract: dict):
     from pipeline.runner import start
 
     folder = profile_dir(tmp_path, contract=contract)
-    live = live_config(env, folder)
+    live = live_config(env, PROFILE="drifting", PROFILES_DIR=str(folder))
     bronze_q, = start(spark, live, "bronze", source="files")
     silver_q, error = None, None
     try:
@@ -297,7 +284,7 @@ def test_gold_streaming_from_silver_restarts_when_a_column_evolves(spark, env, c
     from pipeline.runner import start
 
     folder = profile_dir(tmp_path, contract={"known": ["$.metadata"], "element": "evolve"})
-    live = live_config(env, folder)
+    live = live_config(env, PROFILE="drifting", PROFILES_DIR=str(folder))
     queries = []
     try:
         bronze_q, = start(spark, live, "bronze", source="files")

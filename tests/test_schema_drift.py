@@ -44,15 +44,22 @@ def write(landing, name: str, data: bytes) -> None:
     tmp.rename(landing / name)
 
 
-def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(spark, env, cfg):
-    # `cfg` is asked for its teardown: it forgets this test's table names.
-    from pipeline.runner import start
-
-    live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second"})
+def live_config(env, **settings: str):
+    """A processing-time config (`settings`: more of its environment), its locations written
+    and the feed's first file landed."""
+    live = load_config(env={**env, "TRIGGER": "processing-time", "TRIGGER_INTERVAL": "1 second", **settings})
     live.locations_csv.parent.mkdir(parents=True, exist_ok=True)
     live.locations_csv.write_text(LOCATIONS)
     live.landing.mkdir(parents=True)
     write(live.landing, "before.jsonl", BEFORE)
+    return live
+
+
+def test_new_fields_arriving_in_a_running_stream_flow_through_silver_and_gold(spark, env, cfg):
+    # `cfg` is asked for its teardown: it forgets this test's table names.
+    from pipeline.runner import start
+
+    live = live_config(env)
 
     bronze_q, = start(spark, live, "bronze", source="files")
     silver_q = None
