@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from audit.history import Version, read_version
+from common.lineage import closes_ms
 from gold import transform as T
 from gold.tables import GoldTable
 
@@ -30,7 +31,7 @@ class Batch:
     """One micro-batch as its commit recorded it."""
     index: int                # position among the table's batches, in commit order
     upstream: int | None      # last silver version fully read (None: cut inside a version)
-    watermark_ms: int
+    watermark_ms: int         # what its rows are final or closed by (common.lineage.closes_ms)
 
 
 @dataclass
@@ -76,7 +77,7 @@ def batches_of(history: list[Version], recorded: list[Version] = ()) -> tuple[li
     made outside the pipeline holds whatever the batch before it produced."""
     lineages = batch_lineages(history, recorded)
     index = {(lin["query_id"], lin["batch_id"]): i for i, lin in enumerate(lineages)}
-    batches = [Batch(i, lin["upstream"]["version"], int(lin["watermark_ms"]))
+    batches = [Batch(i, lin["upstream"]["version"], closes_ms(lin))
                for i, lin in enumerate(lineages)]
     at_version: dict[int, int | None] = {}
     current = None

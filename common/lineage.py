@@ -20,6 +20,9 @@ from common.internals import delta_offset_read_through as consumed_version
 # renamed carry "nest-lakehouse": their lineage is read the same.
 PIPELINE = "lakehouse"
 _MARKS = (PIPELINE, "nest-lakehouse")
+# A gold batch's closing watermark (gold/job.py closing_watermark): what its rows are final or
+# closed by. Commits made before it existed closed by their batch's own watermark_ms.
+CLOSES = "closes_ms"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
@@ -96,6 +99,11 @@ def source_lineage(checkpoint: str, query: str, batch_id: int, source: str) -> d
 
 def to_user_metadata(lineage: dict) -> str:
     return json.dumps(lineage, sort_keys=True, separators=(",", ":"))
+
+
+def closes_ms(lineage: dict) -> int:
+    """The watermark a gold batch's rows are final or closed by."""
+    return int(lineage.get(CLOSES, lineage["watermark_ms"]))
 
 
 def parse(user_metadata: str | None) -> dict | None:

@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from common.errors import JobError, command
+from common.lineage import closes_ms
 from gold import late
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, GoldTable
 
@@ -62,9 +63,11 @@ def backfilled_ids(spark, path: str) -> set[str]:
     return {lin[BACKFILL]["id"] for lin in (parse(r.userMetadata) for r in rows) if lin and BACKFILL in lin}
 
 
-def watermark_ms(spark, path: str) -> int:
-    """The watermark of the table's last batch: what it holds as final or closed. A backfill
-    decides by it (a later batch's watermark only closes more), and the audit places the
+def watermarks(spark, path: str, checkpoint: str | None = None) -> tuple[int, int]:
+    """The table's last batch's watermark, by which the query's state store still holds the
+    sessions it has not timed out, and its closing watermark, by which the table's rows are
+    final or closed (a later batch's only closes more). A backfill holds a late event's key by
+    the first and flags what it writes by the second, as the batch did; the audit places the
     backfill's commit after that batch."""
     from common.delta import last_lineage
 
@@ -75,7 +78,26 @@ def watermark_ms(spark, path: str) -> int:
         version, operation = outside[-1]
         raise JobError(f"{path} was changed outside the pipeline ({operation} at version {version}); "
                        "its rows no longer hold what gold folded in, so a backfill cannot build on them")
-    return int(lineage["watermark_ms"])
+    state = int(lineage["watermark_ms"])
+    if checkpoint is not None:
+        # Watermark-only batches time sessions out in the state store and write nothing to
+        # the table (the batch before closed them there): the checkpoint knows the last one.
+        state = max(state, last_committed_watermark(checkpoint, lineage["query_id"]))
+    return state, closes_ms(lineage)
+
+
+def last_committed_watermark(checkpoint: str, query_id: str) -> int:
+    """The watermark of the last batch the checkpoint committed (0: none, or another query's)."""
+    from common.internals import committed_batches
+    from common.lineage import batch_watermark_ms, checkpoint_query_id
+
+    try:
+        if checkpoint_query_id(checkpoint) != query_id:
+            return 0
+        done = committed_batches(checkpoint)
+        return batch_watermark_ms(checkpoint, max(done)) if done else 0
+    except FileNotFoundError:
+        return 0
 
 
 def _as_event_batch(events: DataFrame, specs) -> DataFrame:
@@ -151,6 +173,7 @@ class Backfill:
         self.spark, self.cfg = spark, cfg
         self.specs = for_config(cfg)
         self.query = query_name(cfg, self.specs)
+        self.checkpoint = cfg.checkpoint(self.query)
         self.late_path = cfg.table_path("silver", late.TABLE)
         self.paths = {spec.table: cfg.table_path("gold", spec.table) for spec in self.specs}
 
@@ -188,7 +211,7 @@ class Backfill:
             if stateful is not None:
                 path = self.paths[stateful.table]
                 _, held, outcome.retry_at_ms = restate_sessions(self.spark, stateful, DeltaTable.forPath(self.spark, path).toDF(),
-                                           pending, watermark_ms(self.spark, path))
+                                           pending, watermarks(self.spark, path, self.checkpoint)[0])
                 outcome.pending_open = pending.where(F.col(stateful.spec.key).isin(sorted(held))).count() if held else 0
             chosen = pending.where(~F.col(stateful.spec.key).isin(sorted(held))) if held else pending
             outcome.events = chosen.count()
@@ -231,10 +254,10 @@ class Backfill:
                 if backfill_id in done[spec.table]:
                     continue
                 path = self.paths[spec.table]
-                watermark = watermark_ms(self.spark, path)
+                state_ms, closes = watermarks(self.spark, path, self.checkpoint)
                 target = DeltaTable.forPath(self.spark, path)
                 if spec.stateful:
-                    restated, held, _ = restate_sessions(self.spark, spec, target.toDF(), events, watermark)
+                    restated, held, _ = restate_sessions(self.spark, spec, target.toDF(), events, state_ms)
                     if held:
                         raise JobError(f"backfill {backfill_id}: its events of {sorted(held)[:5]} now extend "
                                        f"a session open in gold.{spec.table}; nothing written to it")
@@ -243,12 +266,12 @@ class Backfill:
                     rows = _frame(self.spark, restated, target.toDF().schema)
                 else:
                     batch = _as_event_batch(events, self.specs)
-                    rows = spec.updates(batch, lambda: target.toDF(), watermark, earliest).drop(CLOSING)
+                    rows = spec.updates(batch, lambda: target.toDF(), closes, earliest).drop(CLOSING)
                 # A commit of the pipeline, not of a batch: the audit holds the version to the
                 # batch before it plus the backfilled events, whatever batch that is.
                 with commit_metadata(self.spark, {"pipeline": PIPELINE, "made_by": f"backfill {backfill_id}",
                                                   BACKFILL: {"id": backfill_id, "events": n}}):
-                    spec.merge(target, rows, watermark, None, False)
+                    spec.merge(target, rows, closes, None)
                 done[spec.table].add(backfill_id)
         finally:
             events.unpersist()

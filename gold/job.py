@@ -33,6 +33,7 @@ from common.streaming import trigger
 from common.flow import Flow, Layer, RestartOnSchemaChange, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
+from common.lineage import CLOSES
 from gold.constraints import by_name
 from gold.owner import check_owner
 from gold import late, sinks
@@ -127,9 +128,10 @@ class GoldBatch(MicroBatch):
         self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.merges = {out.name: out for out in outputs if isinstance(out, Merge)}
         self.published = {out.name for out in outputs if isinstance(out, Publish)}
-        # The watermark the last batch of this run applied; None at a start, when the tables may
-        # hold rows an earlier run left open behind it that no update carries (stale_behind).
-        self.watermark = None
+        # The closing watermark the last batch of this run applied (closing_watermark); None at
+        # a start, when the tables may hold rows an earlier run left open behind it.
+        self.closed = None
+        self.delay_ms = None if cfg.gold.watermark is None else round(cfg.gold.watermark.seconds * 1000)
         self.logic = {"profile": cfg.profile.name, "hash": logic_hash(cfg)}
 
     def lineage(self, batch_id: int) -> dict:
@@ -144,7 +146,7 @@ class GoldBatch(MicroBatch):
         if out.written(self.spark, ctx):
             return None
         current = lambda: DeltaTable.forPath(self.spark, out.path).toDF() if live_files(self.spark, out.path) else None  # noqa: E731
-        rows = ctx.keep(spec.updates(batch, current, ctx.lineage["watermark_ms"], earliest))
+        rows = ctx.keep(spec.updates(batch, current, ctx.lineage[CLOSES], earliest))
         return (spec, rows, *spec.sizes(rows))
 
     def compute(self, batch: DataFrame, ctx: BatchContext) -> Result:
@@ -156,7 +158,13 @@ class GoldBatch(MicroBatch):
         seen = aggregates_while_caching(
             batch, F.count(EVENT).alias("events"),
             F.date_format(F.min(f"{EVENT}.event_time"), LITERAL_TS).alias("earliest"),
+            self.latest_ms(batch).alias("latest_ms"),
             *([F.count(late.LATE).alias("late")] if self.late_schema is not None else []))
+        # (A batch cut inside a silver version may leave rows of that version, ahead of their
+        # own frontier, to the next one: it closes by its own watermark.)
+        whole = ctx.lineage["upstream"]["version"] is not None
+        closes = ctx.lineage[CLOSES] = closing_watermark(watermark, seen["latest_ms"] if whole else None,
+                                                         self.delay_ms)
         kept = {}
         if self.late_schema is not None and seen["late"]:
             if not self.late_table_ready:
@@ -177,10 +185,12 @@ class GoldBatch(MicroBatch):
             # timed out, the windows it made final), so nothing stays open waiting for events
             # that may never come. Only flags change: an UPDATE per table, no fold, no gate,
             # nothing counted as written (sinks.outputs).
-            if watermark == self.watermark:
+            # The batch before closed up to its closing watermark, which is the one Spark gives
+            # this batch: then there is nothing left to close, and the batch writes nothing.
+            if self.closed is not None and closes <= self.closed:
                 return Result(kept, dict(rows_written=0))
-            self.watermark = watermark
-            return Result({**kept, **{sinks.closing(spec): dict(watermark_ms=watermark) for spec in self.tables}},
+            self.closed = closes
+            return Result({**kept, **{sinks.closing(spec): dict(watermark_ms=closes) for spec in self.tables}},
                           dict(rows_written=0))
         # Each table's fold (its Delta snapshot, plan and one job) overlaps the others': the
         # jobs are small, and one at a time the driver's part of each was most of a batch.
@@ -191,13 +201,35 @@ class GoldBatch(MicroBatch):
         out = dict(kept)
         for spec, rows, n, _, hint in changed:
             if n:
-                out[spec.table] = Changed(rows.drop(CLOSING), dict(watermark_ms=watermark, hint=hint,
-                                                                   stale_behind=self.watermark is None))
+                out[spec.table] = Changed(rows.drop(CLOSING), dict(watermark_ms=closes, hint=hint))
                 if sinks.stats(spec) in self.published:
                     out[sinks.stats(spec)] = touched(rows)
         # (A batch that fails to commit stops the query; a restart builds a new body.)
-        self.watermark = watermark
+        self.closed = closes
         return Result(out, dict(rows_written=sum(f[2] for f in changed)))
+
+    def latest_ms(self, batch: DataFrame):
+        """The batch's latest event time (epoch ms; NULL without events): its on-time events',
+        and the sessions' ends (a selection of the stateful table alone hands over no event)."""
+        latest = F.max(F.unix_millis(f"{EVENT}.event_time"))
+        if any(t.stateful for t in self.tables):
+            ends = F.max(F.when(F.col(f"{SESSION}.status") != "merged", F.unix_millis(f"{SESSION}.session_end")))
+            latest = F.greatest(latest, ends)
+        return latest
+
+
+def closing_watermark(watermark_ms: int, latest_ms: int | None, delay_ms: int | None) -> int:
+    """What a batch closes: everything its next watermark passes. Spark fixes the next batch's
+    watermark at the end of this one (the latest event time seen, minus the delay), and no
+    event read after this batch can be on time behind it: an event is late when it is more than
+    the delay behind its silver frontier (silver's latest event time before the batch that
+    accepted it), and a row of a later silver version has a frontier at or past every event of
+    the versions this batch read whole. So what that watermark passes is final now; waiting for
+    the next batch to say so would leave it open until data comes (a watermark-only batch then
+    costs an UPDATE per table) and cost readers a batch of freshness."""
+    if delay_ms is None or latest_ms is None:
+        return watermark_ms
+    return max(watermark_ms, int(latest_ms) - delay_ms)
 
 
 def progress_counts(progress: dict) -> dict:

@@ -39,10 +39,10 @@ def closing(spec: GoldTable) -> str:
 
 
 def merge(spark, path: str, spec: GoldTable, rows: DataFrame, watermark_ms: int, ctx,
-          hint: str | None = None, stale_behind: bool = False) -> None:
+          hint: str | None = None) -> None:
     """One table's MERGE as a batch makes it, alone (tests and the bench time it)."""
     out = Merge(spec.table, path, spec.keys, spec.merge, spec.live, KEY)
-    out.writer(Changed(rows, dict(watermark_ms=watermark_ms, hint=hint, stale_behind=stale_behind)), ctx)()
+    out.writer(Changed(rows, dict(watermark_ms=watermark_ms, hint=hint)), ctx)()
 
 
 def publish_stats(cfg, spec: GoldTable, updates: DataFrame) -> None:

@@ -523,7 +523,11 @@ def test_audit_of_a_many_version_gold_table(spark, tmp_path):
     late = next(a for a in report["accounting"] if a["name"] == "gold.zip_hourly_sightings")
     assert late["status"] == "PASS" and late["right"]["too late dropped"] > 0
     # Each MERGE rewrites the files holding a changed window, not the table: the late MERGEs
-    # copy a few rows, far fewer than the table holds by then.
-    merges = [h for h in history if h["operation"] == "MERGE"][-5:]
-    rows = spark.read.format("delta").load(cfg.table_path("gold", "zip_hourly_sightings")).count()
-    assert all(int(h["operationMetrics"]["numTargetRowsCopied"]) < rows / 3 for h in merges), (rows, merges)
+    # leave files of the table untouched. (A rewritten file also copies its unchanged rows, and
+    # the file a MERGE writes holds the finalized rows it copied beside the open ones, which the
+    # next MERGE rewrites again: copy-on-write without deletion vectors, which delta-rs cannot
+    # read. The copies grow with the table; see docs/gold.md.)
+    path = cfg.table_path("gold", "zip_hourly_sightings")
+    for h in [h for h in history if h["operation"] == "MERGE"][-5:]:
+        files = len(spark.read.format("delta").option("versionAsOf", h["version"] - 1).load(path).inputFiles())
+        assert 0 < int(h["operationMetrics"]["numTargetFilesRemoved"]) < files, (files, h["operationMetrics"])

@@ -456,8 +456,9 @@ def test_late_events_are_dropped_and_accounted(spark, windowed):
 
 
 def test_windows_behind_the_watermark_are_finalized(spark, windowed):
-    """`finalized` follows the watermark of the run's last batch: the closing no-data batch moved
-    it past the last data batch's and finalized the windows it passed, in a commit of its own."""
+    """`finalized` follows the watermark of the run's last batch, and the last batch with data
+    set it already: it closes by the watermark Spark gives the batch after it (its closing
+    watermark), so the run's closing no-data batch finds nothing left and writes nothing."""
     cfg, batches, _ = windowed
     marks = watermarks(cfg, GOLD)
     # The run's last batch moved the watermark to all data seen: max event time - 1 hour.
@@ -471,10 +472,11 @@ def test_windows_behind_the_watermark_are_finalized(spark, windowed):
         wrong = [(end, fin) for (end, fin) in rows if fin != (end <= wm)]
         assert not wrong, f"{key}: finalized flag wrong for (window_end, finalized) {wrong[:5]} (wm {wm})"
         assert {fin for _, fin in rows} == {True, False}, f"{key}: want both final and open windows"
-        # Some were finalized by the no-data batch alone: its MERGE is the table's last version.
-        assert any(marks[data[-1]] < end <= wm for end, _ in rows), f"{key}: no window for the no-data batch"
-        last = DeltaTable.forPath(spark, cfg.table_path("gold", SPEC[key].table)).history(1).first()
-        assert parse(last["userMetadata"])["batch_id"] == max(marks)
+        # Some are final only by the last watermark, which the last data batch's commit applied.
+        assert any(marks[data[-1]] < end <= wm for end, _ in rows), f"{key}: no window between the watermarks"
+        last = parse(DeltaTable.forPath(spark, cfg.table_path("gold", SPEC[key].table))
+                     .history(1).first()["userMetadata"])
+        assert (last["batch_id"], last["closes_ms"]) == (data[-1], wm)
 
 
 def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
@@ -561,10 +563,11 @@ def test_the_first_batch_into_an_empty_table_is_an_idempotent_append(spark, wind
 
 def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tmp_path):
     """A window's row is the sum of the batches folded into it, so a replay must find which
-    tables its first attempt reached. Here the run's last batches (the second append's, then the
-    no-data batch that finalized what its watermark passed) are replayed twice: on the lakehouse
-    (every table has them: nothing changes), and on a copy where sightings lost their commits (a
-    kill -9 between two tables' commits): they fold in once there, to the same rows."""
+    tables its first attempt reached. Here the run's last batches (the second append's, which
+    also finalized what the next watermark passes, then the no-data batch, which finds nothing
+    left to close) are replayed twice: on the lakehouse (every table has them: nothing changes),
+    and on a copy where sightings lost the append's commit (a kill -9 between two tables'
+    commits): it folds in once there, to the same rows."""
     from common.quality import QualityGate
 
     cfg, _, _ = windowed
@@ -598,10 +601,9 @@ def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tm
         return parse(json.loads(line)["commitInfo"]["userMetadata"])["batch_id"]
 
     newest = max(int(f.name[:20]) for f in log.glob("*.json"))
-    assert [batch_of(newest - 1), batch_of(newest)] == tail
-    for version in (newest - 1, newest):
-        for f in log.glob(f"*{version:020d}*"):
-            f.unlink()                  # the batches never committed to this table
+    assert batch_of(newest) == last and batch_of(newest - 1) < last
+    for f in log.glob(f"*{newest:020d}*"):
+        f.unlink()                      # the batch never committed to this table
     assert _snapshot(spark, copy, spec) != before[spec.table]
     replay_tail(copy)
     assert_one_row_per_key(read(spark, copy, "gold", spec.table), spec.keys)
@@ -633,7 +635,7 @@ def test_gold_tables_carry_their_kinds_constraints_and_a_write_breaking_one_comm
         before = DeltaTable.forPath(spark, path).history(1).first().version
         bad = read(spark, copy, "gold", spec.table).limit(1).withColumn(column, value)
         with pytest.raises(Exception) as refused:
-            spec.merge(DeltaTable.forPath(spark, path), bad, 0, None, False)
+            spec.merge(DeltaTable.forPath(spark, path), bad, 0, None)
         assert name in str(refused.value) and "DELTA_VIOLATE_CONSTRAINT" in str(refused.value), key
         assert DeltaTable.forPath(spark, path).history(1).first().version == before, f"{key}: a commit was made"
 
@@ -999,14 +1001,16 @@ def test_session_status_follows_the_final_watermark(spark, sessionized):
     assert not wrong, f"status wrong for (device, end minute, status) {wrong} at watermark minute {(wm - T0_MS) / MIN}"
     statuses = Counter(s for (_, _, s) in rows)
     assert statuses["closed"] >= 5 and statuses["open"] >= 1, statuses
-    # The no-data batch that timed the edge session out closed it in gold, in a commit of its
-    # own (an UPDATE of its status), although it brought no event.
+    # The edge session ends within a gap of the final watermark: the last batch with data closed
+    # it already, by the watermark Spark gave the batch after it (its closing watermark), so the
+    # no-data batch that timed it out in the state store found nothing left to write.
     no_data = [b for b in committed_batches(cfg, ONLY["sessions"]) if read_nothing(cfg.checkpoint(ONLY["sessions"]), b)]
     assert no_data, "the fourth run was to end with a no-data batch"
     assert [r.status for r in snapshots[-2] if r.device_id == EDGE] == ["closed"]
-    gold_batches = {parse(v["userMetadata"])["batch_id"] for v in DeltaTable.forPath(
-        spark, cfg.table_path("gold", "device_sessions")).history().collect() if v["userMetadata"]}
-    assert gold_batches & set(no_data), "no watermark-only batch wrote what it closed"
+    commits = [parse(v["userMetadata"]) for v in DeltaTable.forPath(
+        spark, cfg.table_path("gold", "device_sessions")).history().collect() if v["userMetadata"]]
+    assert not {c["batch_id"] for c in commits} & set(no_data), "a watermark-only batch wrote"
+    assert max(c["closes_ms"] for c in commits) == wm
 
 
 def feed_gold(spark, cfg, first: list[dict], *steps) -> list[dict]:
@@ -1055,8 +1059,9 @@ def test_sessions_close_as_the_watermark_moves_within_one_run(spark, tmp_path):
 
 
 def test_a_watermark_only_batch_closes_what_it_passed_and_one_over_a_compaction_writes_nothing(spark, tmp_path):
-    """When the feed goes quiet, Spark runs a batch that only moves the watermark: gold writes
-    in it the sessions it timed out and the windows it finalized, without waiting for events.
+    """When the feed goes quiet, Spark runs a batch that only moves the watermark. Gold does not
+    wait for it: the batch before, the last with data, closed the sessions and finalized the
+    windows that watermark passes (its closing watermark), so the quiet batch writes nothing.
     OPTIMIZE of silver is a commit that changes no data: gold runs a batch over it, which reads
     no row under the watermark already applied, so it writes nothing (no gold version, no gate,
     no MERGE) and books its accounting row."""
@@ -1093,9 +1098,17 @@ def test_a_watermark_only_batch_closes_what_it_passed_and_one_over_a_compaction_
             return [v for v in DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().collect()
                     if v.userMetadata and parse(v.userMetadata)["batch_id"] == batch_id]
 
-        # The quiet batch closed the early sessions and finalized their hour, in commits of its own.
-        (sessions_at,) = commit_of("device_sessions", quiet)
-        (hours_at,) = commit_of("zip_hourly_sightings", quiet)
+        def closing_at(table: str, closes_ms: int):
+            return [v for v in DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().collect()
+                    if v.userMetadata and parse(v.userMetadata).get("closes_ms") == closes_ms]
+
+        # The batch that read b1's event closed the early sessions and finalized their hour by
+        # the watermark the quiet batch then had; the quiet batch wrote nothing.
+        for table in ("zip_hourly_sightings", "device_activity", "device_sessions"):
+            assert not commit_of(table, quiet), f"the watermark-only batch wrote gold.{table}"
+        (sessions_at,) = closing_at("device_sessions", quiet_wm)
+        (hours_at,) = closing_at("zip_hourly_sightings", quiet_wm)
+        assert parse(sessions_at.userMetadata)["batch_id"] < quiet
         at = lambda t, v: spark.read.format("delta").option("versionAsOf", v).load(cfg.table_path("gold", t))  # noqa: E731
         sessions = bag(at("device_sessions", sessions_at.version), ["device_id", "status"])
         assert sessions == Counter({("a1", "closed"): 1, ("a2", "closed"): 1, ("b1", "open"): 1}), sessions

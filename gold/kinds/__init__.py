@@ -108,8 +108,8 @@ class GoldTable:
     # --- a micro-batch -------------------------------------------------------------------
     def updates(self, batch: DataFrame, current: DataFrame | None, watermark_ms: int,
                 earliest: str | None) -> DataFrame:   # pragma: no cover - interface
-        """The rows a batch changes (their values after it), plus the rows its watermark closed
-        that it did not touch, flagged CLOSING. `current()`: the table, None while it holds no
+        """The rows a batch changes (their values after it), plus the rows `watermark_ms` (the
+        batch's closing watermark, GoldBatch) closed that it did not touch, flagged CLOSING. `current()`: the table, None while it holds no
         file; `earliest`: the batch's earliest event time (a literal)."""
         raise NotImplementedError
 
@@ -122,10 +122,9 @@ class GoldTable:
         """The rows of an update the table holds (the gate checks these; a first write appends them)."""
         return rows
 
-    def merge(self, target, rows: DataFrame, watermark_ms: int, hint: str | None,
-              stale_behind: bool) -> None:   # pragma: no cover - interface
-        """MERGE `rows` into `target` (a DeltaTable). `stale_behind`: rows the watermark
-        passed may be in the table, still open, that no update carries (see GoldBatch)."""
+    def merge(self, target, rows: DataFrame, watermark_ms: int, hint: str | None) -> None:   # pragma: no cover
+        """MERGE `rows` into `target` (a DeltaTable), closing what `watermark_ms` passed, also
+        the table's rows that no update carries."""
         raise NotImplementedError
 
     def close(self, target, watermark_ms: int) -> None:   # pragma: no cover - interface

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
+from common.batch import aggregates_while_caching
 from common.profile import Sessions
 from gold import sessions as S
 from gold.constraints import after, not_negative, not_null
@@ -51,26 +52,29 @@ class SessionTable(GoldTable):
         return S.sessionize(events, self.spec, *carried)
 
     def updates(self, batch, current, watermark_ms, earliest):
-        return batch.where(F.col(SESSION).isNotNull()).select(f"{SESSION}.*")
+        # The state function closed by the batch's own watermark; `watermark_ms` (the next
+        # one, GoldBatch.compute) may close more of them already.
+        rows = batch.where(F.col(SESSION).isNotNull()).select(f"{SESSION}.*")
+        return rows.withColumn("status", F.when(S.is_closing(self.spec, watermark_ms), F.lit("closed"))
+                               .otherwise(F.col("status")))
 
     def sizes(self, rows):
-        r = rows.agg(F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE)).alias("live")).first()
+        r = aggregates_while_caching(rows, F.count(F.lit(1)).alias("n"), F.count_if(F.expr(LIVE)).alias("live"))
         return r["n"], r["live"], None
 
     def live(self, rows):
         return rows.where(LIVE)
 
-    def merge(self, target: DeltaTable, rows, watermark_ms, hint, stale_behind):
-        cond, source = self.condition(), rows
-        if stale_behind:
-            # Sessions no batch carries still close as the watermark moves, including what
-            # watermark-only batches left: they write nothing. They go into the source rather
-            # than a NOT MATCHED BY SOURCE clause, which would make the MERGE join (and
-            # rewrite) the whole table every batch: this way it rewrites only the files holding
-            # a changed row, and finding the rows to close skips files by their stats.
-            closing = (S.closing(target.toDF(), self.spec, watermark_ms).alias("t")
-                       .join(rows.alias("s"), F.expr(cond), "left_anti"))
-            source = rows.unionByName(closing)
+    def merge(self, target: DeltaTable, rows, watermark_ms, hint):
+        # Sessions the batch does not carry close too: the state store times them out only in
+        # a later batch, when Spark's own watermark gets there. They go into the source rather
+        # than a NOT MATCHED BY SOURCE clause, which would make the MERGE join (and rewrite)
+        # the whole table every batch: this way it rewrites only the files holding a changed
+        # row, and finding the rows to close skips files by their stats.
+        cond = self.condition()
+        closing = (S.closing(target.toDF(), self.spec, watermark_ms).alias("t")
+                   .join(rows.alias("s"), F.expr(cond), "left_anti"))
+        source = rows.unionByName(closing)
         (target.alias("t").merge(source.alias("s"), cond)
          .whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
          .whenNotMatchedInsertAll(condition="s.status <> 'merged'").execute())

@@ -10,6 +10,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from common.batch import aggregates_while_caching
 from common.config import ConfigError
 from common.profile import Aggregation
 from gold import transform as T
@@ -74,12 +75,12 @@ class WindowedTable(GoldTable):
         return T.with_finalized(full, watermark_ms)
 
     def sizes(self, rows):
-        r = rows.agg(F.count_if(~F.col(CLOSING)).alias("n"),
-                     F.date_format(F.min("window_start"), LITERAL_TS).alias("first")).first()
+        r = aggregates_while_caching(rows, F.count_if(~F.col(CLOSING)).alias("n"),
+                                     F.date_format(F.min("window_start"), LITERAL_TS).alias("first"))
         return r["n"], r["n"], r["first"]
 
-    def merge(self, target: DeltaTable, rows, watermark_ms, hint, stale_behind):
-        # `rows` carry the windows the watermark closed (combine), so stale_behind is moot.
+    def merge(self, target: DeltaTable, rows, watermark_ms, hint):
+        # `rows` carry the windows the watermark closed (combine): the table needs no read here.
         cond = self.condition()
         if hint is not None:
             # Implied by the keys (window_start is one): a condition on the target alone, which
