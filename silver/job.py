@@ -4,9 +4,10 @@
 
 Per micro-batch: parse and flatten the records as the profile (PROFILE) declares, drop duplicate
 events within the watermark, join the profile's dimension at each event's time (nest: device
-locations, a history; re-read every batch, so a load applies without a restart), run the
-Great Expectations suite from conf/, then write silver, quarantine, ops.dq_results and
-ops.batch_accounting idempotently (a replayed batch writes nothing twice).
+locations, a history; its version is pinned every batch, so a load applies without a restart,
+and each version's rows are read once), run the Great Expectations suite from conf/, then
+write silver, quarantine, ops.dq_results and ops.batch_accounting idempotently (a replayed
+batch writes nothing twice).
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class SilverBatch(MicroBatch):
         super().__init__(spark, cfg, QUERY, "bronze.events", {"events": QualityGate(suite)}, accounting_, outputs)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
+        self._dimension = None       # (version, its cached rows): dimension_at
         self.paths = {"bronze": cfg.table_path("bronze", "events"), "events": events}
         if self.dimension:
             self.paths["dimension"] = cfg.table_path("silver", self.dimension)
@@ -94,6 +96,16 @@ class SilverBatch(MicroBatch):
         lineage["dimensions"] = {f"silver.{self.dimension}": version}
         return version
 
+    def dimension_at(self, version: int):
+        """The dimension at `version`, cached while batches pin that version: a version never
+        changes, and re-reading it (snapshot, file listing, scan) cost every batch a job."""
+        if self._dimension is None or self._dimension[0] != version:
+            if self._dimension is not None:
+                self._dimension[1].unpersist()
+            df = self.spark.read.format("delta").option("versionAsOf", version).load(self.paths["dimension"])
+            self._dimension = (version, df.persist())
+        return self._dimension[1]
+
     def compute(self, batch, ctx: BatchContext) -> Result:
         spark, profile, batch_id, lineage = self.spark, self.profile, ctx.batch_id, ctx.lineage
         # The batch's accepted rows join the dimension in the same pass that fills the cache:
@@ -103,9 +115,8 @@ class SilverBatch(MicroBatch):
         # commit of the batch.
         rows = batch
         if self.dimension and not read_nothing(self.checkpoint, batch_id):
-            locations = (spark.read.format("delta").option("versionAsOf", self.pin_dimension(lineage))
-                         .load(self.paths["dimension"]))
-            rows = T.join_dimension(batch, locations, profile, only=T.is_accepted())
+            rows = T.join_dimension(batch, self.dimension_at(self.pin_dimension(lineage)), profile,
+                                    only=T.is_accepted())
         rows = ctx.keep(rows)
         # One pass over the batch for every count the write needs (it also fills the cache).
         sizes = aggregates_while_caching(
