@@ -33,7 +33,7 @@ from common.streaming import trigger
 from common.flow import Flow, Layer, RestartOnSchemaChange, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
-from gold.constraints import by_name
+from gold.constraints import by_name, gate_suites
 from gold.owner import check_owner
 from gold import late, sinks
 from gold.backfill import InBatch
@@ -237,8 +237,10 @@ def prepare_gold(spark, cfg, specs) -> None:
 def start_query(spark, cfg, specs, suites: dict):
     """Start the gold query over `specs` (each batch records its own accounting row)."""
     query = query_name(cfg, specs)
-    gates = {spec.table: QualityGate(suites[f"gold.{spec.table}"]) for spec in specs
-             if f"gold.{spec.table}" in suites}
+    # Every table is gated: by its suite's rules and the rules derived from the constraints
+    # they do not cover (gold/constraints.py), in one validation.
+    gated = gate_suites(specs, suites)
+    gates = {spec.table: QualityGate(gated[f"gold.{spec.table}"]) for spec in specs}
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
     silver = silver_stream(spark, cfg)
     batch = GoldBatch(spark, cfg, specs, gates, books, query, silver.schema)
@@ -262,7 +264,7 @@ def select(cfg, only=None) -> list[GoldTable]:
 
 def layer(cfg, only=None, suites=None) -> Layer:
     """The profile's gold tables (or the `only` subset, by key), written by one flow, gated by
-    `suites` (default: conf gold.expectations)."""
+    `suites` (default: conf gold.expectations) and each table's constraints (gate_suites)."""
     if suites is None:
         suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
     chosen = select(cfg, only)
@@ -271,7 +273,7 @@ def layer(cfg, only=None, suites=None) -> Layer:
     flow = Flow(name, "gold", begin, recovery=lambda: RestartOnSchemaChange(name, begin))
     return Layer("gold", "silver", (flow,), reads_table=cfg.table_path("silver", cfg.silver_table),
                  prepare=lambda spark: prepare_gold(spark, cfg, chosen),
-                 validate=lambda: load_suites(cfg.gold.expectations),
+                 validate=lambda: gate_suites(chosen, load_suites(cfg.gold.expectations)),
                  describe=f"silver.{cfg.silver_table} -> {', '.join(f'gold.{t.table}' for t in chosen)}")
 
 
