@@ -163,19 +163,25 @@ def validation_result(run: Run, evrs: list):
 
 
 def gx_suite(name: str, declared, recorded: list):
-    """The GX ExpectationSuite page: conf's rules when conf still declares the suite, else the
-    expectations as last recorded."""
+    """The GX ExpectationSuite page: conf's rules when conf still declares the suite, plus the
+    rules its gate ran that the file does not hold (a gold table's constraints no rule of the
+    suite covers: the gate derives a rule from each, gold/constraints.py), as last recorded;
+    else the expectations as last recorded. `recorded`: (dq_results row, GX result) pairs."""
     import great_expectations as gx
 
     suite = gx.ExpectationSuite(name=name)
-    if declared is not None:
-        for rule in declared.rules:
-            config = rule.gx().configuration
-            config.notes = f"rule `{rule.name}`, policy **{rule.policy}**"     # the page's note icon
+    declared_rules = declared.rules if declared is not None else ()
+    for rule in declared_rules:
+        config = rule.gx().configuration
+        config.notes = f"rule `{rule.name}`, policy **{rule.policy}**"     # the page's note icon
+        suite.add_expectation_configuration(config)
+    known = {rule.name for rule in declared_rules}
+    for row, evr in recorded:
+        if declared is None or row.expectation not in known:
+            config = evr.expectation_config
+            if declared is not None:
+                config.notes = f"rule `{row.expectation}`, policy **{row.policy}**, not in the suite file (as run)"
             suite.add_expectation_configuration(config)
-    else:
-        for evr in recorded:
-            suite.add_expectation_configuration(evr.expectation_config)
     return suite
 
 
@@ -197,13 +203,14 @@ def build_docs(runs: list[Run], suites: dict, site_dir: Path) -> dict:
     for run in runs:
         declared = suites.get((run.suite, run.table))
         rules = {rule.name: rule for rule in declared.rules} if declared else {}
-        evrs = [evr for evr in (expectation_result(row, rules.get(row.expectation)) for row in run.rows) if evr]
-        skipped += len(run.rows) - len(evrs)
-        if evrs:
-            latest[run.gx_suite] = (run.suite, run.table, evrs)
-            results.append((run, validation_result(run, evrs)))
-    for name, (suite, table, evrs) in latest.items():
-        context.suites.add(gx_suite(name, suites.get((suite, table)), evrs))
+        pairs = [(row, evr) for row, evr in ((row, expectation_result(row, rules.get(row.expectation)))
+                                             for row in run.rows) if evr]
+        skipped += len(run.rows) - len(pairs)
+        if pairs:
+            latest[run.gx_suite] = (run.suite, run.table, pairs)
+            results.append((run, validation_result(run, [evr for _, evr in pairs])))
+    for name, (suite, table, pairs) in latest.items():
+        context.suites.add(gx_suite(name, suites.get((suite, table)), pairs))
     store = context.validation_results_store
     for run, result in results:
         store.set(ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(run.gx_suite),
