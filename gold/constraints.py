@@ -91,6 +91,9 @@ def not_null(column: str) -> Check:
 
 
 def not_negative(column: str) -> Check:
+    # Delta refuses a NULL here as it does a negative value (a CHECK must be true, not unknown),
+    # while GX's between skips NULLs: a NULL would pass the gate and be stopped by Delta alone.
+    # The columns constrained are counts (count(), a set's size), never NULL.
     return Check(f"{column}_not_negative", f"`{column}` >= 0",
                  "expect_column_values_to_be_between", (("column", column), ("min_value", 0)))
 
