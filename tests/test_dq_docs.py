@@ -148,3 +148,27 @@ def test_a_table_from_before_result_json_gains_it_at_start_and_its_rows_still_re
     assert build(spark, cfg, out) == 1
     assert "rendered 1 of 2 validation pages" in capsys.readouterr().err
     assert list((out / "validations").rglob("*.html")) == [page]
+
+
+def test_a_gold_suite_page_lists_the_rules_its_gate_derived_from_the_tables_constraints():
+    """The suite page holds the file's rules and, as recorded, the rules the gate ran that the
+    file does not hold (gold's `constraint:<name>` rules)."""
+    from great_expectations.core import ExpectationValidationResult
+    from pyspark.sql import Row
+
+    from common.config import load_config
+    from gold.constraints import gate_suites
+    from gold.tables import for_config
+
+    cfg = load_config(env={})
+    declared = load_suites(cfg.gold.expectations)["gold.device_sessions"]
+    gate = gate_suites(for_config(cfg), {"gold.device_sessions": declared})["gold.device_sessions"]
+    recorded = [(Row(expectation=rule.name, policy=rule.policy),
+                 ExpectationValidationResult(success=True, expectation_config=rule.gx().configuration, result={}))
+                for rule in gate.rules]
+    page = dq_docs.gx_suite("gold.gold.device_sessions", declared, recorded)
+    assert len(page.expectations) == len(gate.rules) > len(declared.rules)
+    notes = [e.notes for e in page.expectations]
+    assert notes[:len(declared.rules)] == [f"rule `{r.name}`, policy **{r.policy}**" for r in declared.rules]
+    assert notes[len(declared.rules):] == [f"rule `{r.name}`, policy **fail**, not in the suite file (as run)"
+                                           for r in gate.rules[len(declared.rules):]]
