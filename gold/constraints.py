@@ -27,10 +27,6 @@ class Check:
     expectation: str       # its Great Expectations form: the expectation ...
     kwargs: tuple          # ... and its kwargs, as (key, value) pairs
 
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return tuple(v for k, v in self.kwargs if k in ("column", "column_A", "column_B"))
-
     def rule(self):
         """The gate's rule derived from the constraint: policy `fail`, named after it."""
         from common.quality import Rule
