@@ -5,7 +5,11 @@ enforced twice, from this one declaration:
 - by the GX gate, before the write: a table's gate checks every constraint of the table, by a
   rule of its suite that covers it (`covered_by`) or else by a rule derived from it
   (`constraint:<name>`, policy `fail`) that rides in the same validation as the suite's rules
-  (`gate_suite`). A batch breaking one stops there, named, with its result in ops.dq_results;
+  (`gate_suite`). A batch breaking one stops there, named, with its result in ops.dq_results.
+  A derived rule adds no Spark job of its own: each is a single-column expectation, which GX
+  counts in the jobs the suite's rules run anyway (an `after` constraint is checked on a
+  boolean column the gate's view adds, `viewed`, not by GX's column-pair expectation, which
+  counts its rows in jobs of its own);
 - by Delta, in the commit itself, as a CHECK constraint of the table: the table's own last
   line, for any other writer too (a write that breaks one fails with the constraint's name and
   commits nothing).
@@ -16,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DERIVED = "constraint:"    # a derived rule's name: DERIVED + the constraint's name
+IN_SET = "expect_column_values_to_be_in_set"    # a derived rule's form on a column of the view
 # An expectation's kwargs that only shape its result, not what it accepts.
 RESULT_ONLY = frozenset({"result_format", "catch_exceptions", "meta", "include_config"})
 
@@ -24,13 +29,20 @@ RESULT_ONLY = frozenset({"result_format", "catch_exceptions", "meta", "include_c
 class Check:
     name: str              # the constraint's name (Delta folds it to lower case)
     sql: str               # its CHECK expression
-    expectation: str       # its Great Expectations form: the expectation ...
+    expectation: str       # its Great Expectations form (what a suite rule covering it is): the expectation ...
     kwargs: tuple          # ... and its kwargs, as (key, value) pairs
+    # Whether its derived rule checks, instead of that form, a boolean column the gate's view
+    # adds, named after it: the CHECK expression's value, NULL as false (`viewed`,
+    # gold.transform.quality_view), with `value_set: [true]`. For a form GX runs Spark jobs of
+    # its own for (a column pair).
+    in_view: bool = False
 
     def rule(self):
         """The gate's rule derived from the constraint: policy `fail`, named after it."""
         from common.quality import Rule
 
+        if self.in_view:
+            return Rule(DERIVED + self.name, IN_SET, {"column": self.name, "value_set": [True]}, "fail")
         return Rule(DERIVED + self.name, self.expectation, dict(self.kwargs), "fail")
 
     def covered_by(self, rule) -> bool:
@@ -95,10 +107,14 @@ def not_negative(column: str) -> Check:
 
 
 def after(later: str, earlier: str, or_equal: bool) -> Check:
+    # GX's column-pair expectation (what a suite rule covering it is) counts its rows in Spark
+    # jobs of its own, about four per gate on a small batch: the derived rule checks the CHECK
+    # on the gate's view instead, in the jobs the suite's rules run anyway. As Delta's CHECK, it
+    # fails a row with either side NULL.
     word, op = ("at_or_after", ">=") if or_equal else ("after", ">")
     return Check(f"{later}_{word}_{earlier}", f"`{later}` {op} `{earlier}`",
                  "expect_column_pair_values_a_to_be_greater_than_b",
-                 (("column_A", later), ("column_B", earlier), ("or_equal", or_equal)))
+                 (("column_A", later), ("column_B", earlier), ("or_equal", or_equal)), in_view=True)
 
 
 def by_name(checks) -> dict[str, str]:
@@ -153,6 +169,13 @@ def gate_suites(tables, suites: dict) -> dict[str, object]:
     name = next((s.name for s in suites.values()), "constraints")
     return {f"gold.{t.table}": gate_suite(t.table, t.checks(), suites.get(f"gold.{t.table}"), name)
             for t in tables}
+
+
+def viewed(checks, gate) -> tuple[Check, ...]:
+    """The constraints among `checks` whose derived rule `gate` (a gate_suite) runs on a column
+    of the gate's view: gold.transform.quality_view adds one for each (none for a constraint a
+    suite rule covers)."""
+    return tuple(c for c in checks if c.in_view and c.rule() in gate.rules)
 
 
 def listing(tables, suites: dict) -> list[str]:

@@ -33,7 +33,7 @@ from common.streaming import trigger
 from common.flow import Flow, Layer, RestartOnSchemaChange, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
-from gold.constraints import by_name, gate_suites
+from gold.constraints import by_name, gate_suites, viewed
 from gold.owner import check_owner
 from gold import late, sinks
 from gold.backfill import InBatch
@@ -124,6 +124,8 @@ class GoldBatch(MicroBatch):
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", gates,
                          books, outputs)
         self.tables = tables
+        # table -> the constraints its gate checks on a column its view adds (quality_view)
+        self.viewed = {t.table: viewed(t.checks(), self.gates[t.table].suite) for t in tables if t.table in self.gates}
         self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.merges = {out.name: out for out in outputs if isinstance(out, Merge)}
         self.published = {out.name for out in outputs if isinstance(out, Publish)}
@@ -186,7 +188,8 @@ class GoldBatch(MicroBatch):
         # jobs are small, and one at a time the driver's part of each was most of a batch.
         folded = together(*[partial(self.fold, spec, batch, ctx, seen["earliest"]) for spec in self.tables])
         changed = [f for f in folded if f is not None]
-        self.validate(ctx, *[(spec.table, T.quality_view(spec.live(touched(rows)), self.cfg.profile.dimension), live)
+        self.validate(ctx, *[(spec.table, T.quality_view(spec.live(touched(rows)), self.cfg.profile.dimension,
+                                                         self.viewed.get(spec.table, ())), live)
                              for spec, rows, n, live, _ in changed if live])
         out = dict(kept)
         for spec, rows, n, _, hint in changed:

@@ -656,30 +656,40 @@ def test_each_constraint_is_a_gx_rule_and_a_suite_rule_covering_it_counts():
     """Each kind's constraints in their Great Expectations form; the gate of each table runs the
     suite's rules plus one derived rule (policy fail, `constraint:<name>`) per constraint no
     `fail` rule of the suite covers: same expectation on the same column(s), on every row, a
-    bound at least as strict."""
+    bound at least as strict. A derived rule is a single-column expectation (GX bundles it in
+    the suite's jobs): the one of an `after` constraint checks a boolean column of the gate's
+    view, `<name>` (quality_view), in [true], where a suite rule covering it is GX's column pair."""
     from common.errors import JobError
     from common.quality import Rule
-    from gold.constraints import DERIVED, coverage, gate_suite, gate_suites
+    from gold.constraints import DERIVED, coverage, gate_suite, gate_suites, viewed
 
     def rules(spec):
         return [(r.name, r.expectation, r.kwargs, r.policy) for r in (c.rule() for c in spec.checks())]
 
-    nn = "expect_column_values_to_not_be_null"
+    nn, in_set = "expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"
     between, pair = "expect_column_values_to_be_between", "expect_column_pair_values_a_to_be_greater_than_b"
     assert rules(SPEC["sightings"]) == [
         ("constraint:window_start_not_null", nn, {"column": "window_start"}, "fail"),
         ("constraint:window_end_not_null", nn, {"column": "window_end"}, "fail"),
-        ("constraint:window_end_after_window_start", pair,
-         {"column_A": "window_end", "column_B": "window_start", "or_equal": False}, "fail"),
+        ("constraint:window_end_after_window_start", in_set,
+         {"column": "window_end_after_window_start", "value_set": [True]}, "fail"),
         ("constraint:events_not_negative", between, {"column": "events", "min_value": 0}, "fail")]
     assert rules(SPEC["sessions"]) == [
         *[(f"constraint:{c}_not_null", nn, {"column": c}, "fail")
           for c in ("device_id", "session_id", "session_start", "session_end")],
-        ("constraint:session_end_at_or_after_session_start", pair,
-         {"column_A": "session_end", "column_B": "session_start", "or_equal": True}, "fail"),
+        ("constraint:session_end_at_or_after_session_start", in_set,
+         {"column": "session_end_at_or_after_session_start", "value_set": [True]}, "fail"),
         ("constraint:events_not_negative", between, {"column": "events", "min_value": 0}, "fail")]
     assert rules(SPEC["devices"])[-1] == ("constraint:devices_not_negative", between,
                                           {"column": "devices", "min_value": 0}, "fail")
+    # The view column is the CHECK itself; what a suite rule covering the constraint is stays
+    # GX's column pair.
+    ends, at_or_after = SPEC["sightings"].checks()[2], SPEC["sessions"].checks()[4]
+    assert (ends.sql, ends.in_view, ends.expectation, dict(ends.kwargs)) == (
+        "`window_end` > `window_start`", True, pair,
+        {"column_A": "window_end", "column_B": "window_start", "or_equal": False})
+    assert (at_or_after.sql, dict(at_or_after.kwargs)["or_equal"]) == ("`session_end` >= `session_start`", True)
+    assert not any(c.in_view for spec in TABLES for c in spec.checks() if c.expectation != pair)
     for spec in TABLES:
         for check in spec.checks():
             check.rule().gx()           # a GX expectation with valid kwargs
@@ -700,6 +710,13 @@ def test_each_constraint_is_a_gx_rule_and_a_suite_rule_covering_it_counts():
         assert [r.name for r in gate.rules[len(suite.rules):]] == [
             DERIVED + c.name for c in spec.checks() if (spec.table, c.name) not in covered], spec.table
         assert all(r.policy == "fail" for r in gate.rules[len(suite.rules):])
+    # The gate's view gets a column for each derived `after` rule, none for a covered one.
+    ends_after = ["window_end_after_window_start"]
+    assert {spec.table: [c.name for c in viewed(spec.checks(), gated[f"gold.{spec.table}"])] for spec in TABLES} == {
+        "zip_hourly_sightings": ends_after, "device_activity": ends_after, "device_sessions": [],
+        "zip_daily_devices": ends_after}
+    assert [c.name for c in viewed(SPEC["sessions"].checks(), gate_suites([SPEC["sessions"]], {})[
+        "gold.device_sessions"])] == ["session_end_at_or_after_session_start"]
 
     # What does not cover a constraint: another policy, `mostly`, a looser bound, another
     # column, a row condition, `>=` for a strict `>`. A stricter bound, `>` for `>=`, or the
@@ -758,40 +775,64 @@ def _broken(spec, **columns):
 
 def test_a_batch_breaking_a_constraint_is_stopped_by_the_gate_naming_it_and_commits_nothing(
         spark, windowed, tmp_path, monkeypatch):
-    """A transform bug (a negative count, a NULL key) is stopped by the gate's derived rules, in
-    the one validation of a clean batch, before Delta's own constraint is reached: the error and
-    ops.dq_results name the constraint, and no table gets a commit."""
+    """A transform bug (a negative count, a NULL key, a window ending at its start) is stopped
+    by the gate's derived rules, in the one validation and the Spark jobs of the suite's own
+    rules, before Delta's own constraint is reached: the error and ops.dq_results name the
+    constraint, and no table gets a commit."""
     import shutil
 
     import common.quality as Q
     from common.errors import DataQualityError
-    from gold.constraints import gate_suites
+    from gold.constraints import gate_suites, viewed
     from gold.transform import quality_view
 
     cfg, _, _ = windowed
     copy = copy_lakehouse(cfg, tmp_path)
-    gated = gate_suites(TABLES, load_suites(copy.gold.expectations))
+    suites = load_suites(copy.gold.expectations)
+    gated = gate_suites(TABLES, suites)
     sightings, activity = SPEC["sightings"], SPEC["activity"]
 
-    # A clean batch's gate with the derived rules: one validation, every rule passing.
+    # A clean batch's gate with the derived rules: one validation, every rule passing, and no
+    # Spark job beyond those of the suite's rules alone (GX bundles single-column rules; the
+    # `after` rule checks the view's column window_end_after_window_start).
+    name = "gold.zip_hourly_sightings"
+    sc = spark.sparkContext
+    rows = read(spark, copy, "gold", sightings.table).cache()
+    n = rows.count()
+    view = quality_view(rows, NEST.dimension, viewed(sightings.checks(), gated[name]))
+    assert "window_end_after_window_start" in view.columns
+
+    def jobs(suite):
+        group = f"gate-{uuid.uuid4()}"
+        sc.setJobGroup(group, "a gold gate")
+        try:
+            outcomes = Q.QualityGate(suite).validate(view, n)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        return outcomes, len(sc.statusTracker().getJobIdsForGroup(group))
+
     validations = []
     real = Q._validator
     monkeypatch.setattr(Q, "_validator", lambda *a: validations.append(a) or real(*a))
-    rows = quality_view(read(spark, copy, "gold", sightings.table), NEST.dimension).cache()
-    outcomes = Q.QualityGate(gated["gold.zip_hourly_sightings"]).validate(rows)
+    outcomes, with_derived = jobs(gated[name])
     assert len(validations) == 1 and all(o.success for o in outcomes)
-    assert {o.rule.name for o in outcomes} >= {"constraint:events_not_negative", "constraint:window_start_not_null"}
-    rows.unpersist()
+    assert {o.rule.name for o in outcomes} >= {"constraint:events_not_negative", "constraint:window_start_not_null",
+                                                "constraint:window_end_after_window_start"}
     monkeypatch.undo()
+    assert with_derived == jobs(suites[name])[1] > 0
+    rows.unpersist()
 
     # A later batch of the query, on a copy: the second append's events again, under a batch id
     # the checkpoint has not logged (one apart from the last: the batch before it must not look
-    # like its no-data twin, which only closes).
+    # like its no-data twin, which only closes). Activity's windows end at their start or start
+    # at NULL (half each), which its `after` rule refuses alike, as Delta's CHECK would.
     offsets = Path(copy.checkpoint(GOLD)) / "offsets"
     batch = max(committed_batches(copy, GOLD)) + 2
     shutil.copy(offsets / str(max(committed_batches(copy, GOLD, data_only=True))), offsets / str(batch))
-    specs = [_broken(sightings, events=F.lit(-1).cast("long")),
-             _broken(activity, window_start=F.lit(None).cast("timestamp"))]
+    half = F.minute("window_start") % 10 == 0          # activity slides by 5 minutes
+    specs = [_broken(activity, window_end=F.when(half, F.col("window_start")).otherwise(F.col("window_end")),
+                     window_start=F.when(~half, F.lit(None)).otherwise(F.col("window_start"))),
+             _broken(sightings, events=F.lit(-1).cast("long"))]
     gates = {s.table: Q.QualityGate(gated[f"gold.{s.table}"]) for s in specs}
     versions = {t.table: DeltaTable.forPath(spark, copy.table_path("gold", t.table)).history(1).first().version
                 for t in TABLES}
@@ -800,19 +841,28 @@ def test_a_batch_breaking_a_constraint_is_stopped_by_the_gate_naming_it_and_comm
     with pytest.raises(DataQualityError) as stopped:
         GoldBatch(spark, copy, specs, gates, books, GOLD)(gold_input(spark, copy, batch_events(spark, copy, 1)), batch)
     message = str(stopped.value)
-    assert "constraint:events_not_negative" in stopped.value.expectations
-    assert f"quality gate failed: query 'gold', batch {batch}, table gold.zip_hourly_sightings" in message
-    assert "expectation 'constraint:events_not_negative' (expect_column_values_to_be_between" in message
+    assert set(stopped.value.expectations) == {"constraint:window_end_after_window_start",
+                                               "constraint:window_start_not_null"}
+    assert f"quality gate failed: query 'gold', batch {batch}, table gold.device_activity" in message
+    assert ("expectation 'constraint:window_end_after_window_start' (expect_column_values_to_be_in_set "
+            "{'column': 'window_end_after_window_start', 'value_set': [True]}): ") in message
     assert "DELTA_VIOLATE_CONSTRAINT" not in message
 
     dq = read(spark, copy, "ops", "dq_results").where(F.col("batch_id") == batch).collect()
-    broken = {("gold.zip_hourly_sightings", "constraint:events_not_negative"),
-              ("gold.device_activity", "constraint:window_start_not_null")}
-    failed = {(r.table_name, r.expectation) for r in dq if not r.success}
-    assert broken <= failed and all(name.startswith("constraint:") for _, name in failed), failed
-    for r in dq:
-        if (r.table_name, r.expectation) in broken:      # every row the bug touched
-            assert (r.policy, r.suite) == ("fail", "gold") and r.unexpected_count == r.element_count > 0, r
+    failed = {(r.table_name, r.expectation): r for r in dq if not r.success}
+    assert set(failed) == {("gold.device_activity", "constraint:window_end_after_window_start"),
+                           ("gold.device_activity", "constraint:window_start_not_null"),
+                           ("gold.zip_hourly_sightings", "constraint:events_not_negative")}, set(failed)
+    assert all((r.policy, r.suite) == ("fail", "gold") for r in failed.values())
+    # Each counts the rows it refuses: every row for `after` and the count, half for the NULL.
+    ends = failed["gold.device_activity", "constraint:window_end_after_window_start"]
+    starts = failed["gold.device_activity", "constraint:window_start_not_null"]
+    count = failed["gold.zip_hourly_sightings", "constraint:events_not_negative"]
+    assert ends.expectation_type == "expect_column_values_to_be_in_set"
+    assert ends.unexpected_count == ends.element_count == starts.element_count > starts.unexpected_count > 0, (
+        ends, starts)
+    assert count.unexpected_count == count.element_count > 0, count
+    assert json.loads(ends.result_json)["expectation_config"]["kwargs"]["column"] == "window_end_after_window_start"
     assert {(r.table_name, r.expectation) for r in dq} == {
         (f"gold.{s.table}", rule.name) for s in specs for rule in gated[f"gold.{s.table}"].rules}
 
