@@ -131,7 +131,17 @@ class Coverage:
     derived: bool
 
     def __str__(self) -> str:
-        return f"{self.check.name}: " + (f"derived rule {self.rule}" if self.derived else f"covered by {self.rule}")
+        return f"{self.check.name}: {self.how}"
+
+    @property
+    def how(self) -> str:
+        """How the gate checks the constraint, as `lakehouse check` and `graph` list it (for a
+        derived rule on a column of the gate's view, what the column holds)."""
+        if not self.derived:
+            return f"covered by {self.rule}"
+        c = self.check
+        return f"derived rule {self.rule}" + (f": view column {c.name} = {c.sql} (NULL: false) in [true]"
+                                              if c.in_view else "")
 
 
 def coverage(checks, suite) -> tuple[Coverage, ...]:
@@ -183,6 +193,5 @@ def listing(tables, suites: dict) -> list[str]:
     (`lakehouse check`, `lakehouse graph`). SuiteError as gate_suites."""
     gate_suites(tables, suites)
     width = max((len(f"gold.{t.table} {c.name}") for t in tables for c in t.checks()), default=0)
-    return [f"{f'gold.{t.table} {c.check.name}':<{width}}  "
-            + (f"derived rule {c.rule}" if c.derived else f"covered by {c.rule}")
+    return [f"{f'gold.{t.table} {c.check.name}':<{width}}  {c.how}"
             for t in tables for c in coverage(t.checks(), suites.get(f"gold.{t.table}"))]

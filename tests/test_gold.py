@@ -661,7 +661,7 @@ def test_each_constraint_is_a_gx_rule_and_a_suite_rule_covering_it_counts():
     view, `<name>` (quality_view), in [true], where a suite rule covering it is GX's column pair."""
     from common.errors import JobError
     from common.quality import Rule
-    from gold.constraints import DERIVED, coverage, gate_suite, gate_suites, viewed
+    from gold.constraints import DERIVED, coverage, gate_suite, gate_suites, listing, viewed
 
     def rules(spec):
         return [(r.name, r.expectation, r.kwargs, r.policy) for r in (c.rule() for c in spec.checks())]
@@ -710,13 +710,21 @@ def test_each_constraint_is_a_gx_rule_and_a_suite_rule_covering_it_counts():
         assert [r.name for r in gate.rules[len(suite.rules):]] == [
             DERIVED + c.name for c in spec.checks() if (spec.table, c.name) not in covered], spec.table
         assert all(r.policy == "fail" for r in gate.rules[len(suite.rules):])
-    # The gate's view gets a column for each derived `after` rule, none for a covered one.
+    # The gate's view gets a column for each derived `after` rule, none for a covered one; the
+    # listing of `lakehouse check` and `graph` shows the column each checks.
     ends_after = ["window_end_after_window_start"]
     assert {spec.table: [c.name for c in viewed(spec.checks(), gated[f"gold.{spec.table}"])] for spec in TABLES} == {
         "zip_hourly_sightings": ends_after, "device_activity": ends_after, "device_sessions": [],
         "zip_daily_devices": ends_after}
     assert [c.name for c in viewed(SPEC["sessions"].checks(), gate_suites([SPEC["sessions"]], {})[
         "gold.device_sessions"])] == ["session_end_at_or_after_session_start"]
+    lines = {" ".join(line.split()) for line in listing(TABLES, suites)}
+    assert ("gold.zip_hourly_sightings window_end_after_window_start derived rule "
+            "constraint:window_end_after_window_start: view column window_end_after_window_start = "
+            "`window_end` > `window_start` (NULL: false) in [true]") in lines
+    assert "gold.zip_hourly_sightings window_start_not_null derived rule constraint:window_start_not_null" in lines
+    assert ("gold.device_sessions session_end_at_or_after_session_start covered by session_end_after_start"
+            in lines)
 
     # What does not cover a constraint: another policy, `mostly`, a looser bound, another
     # column, a row condition, `>=` for a strict `>`. A stricter bound, `>` for `>=`, or the

@@ -193,6 +193,10 @@ def test_check_passes_on_a_fresh_lakehouse_with_its_landing_folder(spark, env, c
     lines = {" ".join(line.split()) for line in out.splitlines()}
     assert "gold.device_activity events_not_negative covered by counts_non_negative" in lines
     assert "gold.device_sessions device_id_not_null derived rule constraint:device_id_not_null" in lines
+    # An `after` rule checks a column of the gate's view: the line says which, and what it holds.
+    assert ("gold.device_activity window_end_after_window_start derived rule constraint:window_end_after_window_start: "
+            "view column window_end_after_window_start = `window_end` > `window_start` (NULL: false) in [true]"
+            in lines)
 
 
 def _foreign_state(spark, root, checkpoint: str) -> None:
@@ -308,6 +312,9 @@ def test_graph_is_the_declared_flows_with_their_checkpoints_suites_and_triggers(
     lines = {" ".join(c.split()) for c in gold.constraints}
     assert "gold.device_activity events_not_negative covered by counts_non_negative" in lines
     assert ("gold.zip_hourly_sightings events_not_negative derived rule constraint:events_not_negative"
+            in lines)
+    assert ("gold.zip_daily_devices window_end_after_window_start derived rule constraint:window_end_after_window_start: "
+            "view column window_end_after_window_start = `window_end` > `window_start` (NULL: false) in [true]"
             in lines)
     assert [n.trigger for n in nodes] == ["processingTime 5 seconds", "processingTime 1 seconds",
                                           "processingTime 1 seconds"]
