@@ -817,6 +817,9 @@ def test_a_batch_breaking_a_constraint_is_stopped_by_the_gate_naming_it_and_comm
             outcomes = Q.QualityGate(suite).validate(view, n)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
+        # The status tracker learns of a job from the listener bus, after it ran: on a busy
+        # machine the last one may not be there yet.
+        sc._jsc.sc().listenerBus().waitUntilEmpty()
         return outcomes, len(sc.statusTracker().getJobIdsForGroup(group))
 
     validations = []
