@@ -327,11 +327,15 @@ def _sample(value):
 
 
 def _match(results, rule: Rule):
-    for r in results:
-        kwargs = r.expectation_config.kwargs
-        if all(kwargs.get(k) == v for k, v in rule.kwargs.items()):
-            return r
-    raise GateError(f"no GX result for expectation '{rule.name}'")
+    """The result of `rule` among its expectation type's: the one whose kwargs hold the rule's
+    with the fewest others (GX adds its own, batch_id, result_format), so a rule whose kwargs
+    are part of another's (a derived constraint rule beside a suite rule with `mostly`) gets
+    its own result, not the other's."""
+    own = set(rule.kwargs) | {"batch_id", "result_format"}
+    found = [r for r in results if all(r.expectation_config.kwargs.get(k) == v for k, v in rule.kwargs.items())]
+    if not found:
+        raise GateError(f"no GX result for expectation '{rule.name}'")
+    return min(found, key=lambda r: len(set(r.expectation_config.kwargs) - own))
 
 
 def failures(outcomes: list[Outcome]) -> list[Outcome]:

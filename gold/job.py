@@ -34,7 +34,7 @@ from common.flow import Flow, Layer, RestartOnSchemaChange, Started
 from gold import transform as T
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
 from common.lineage import CLOSES
-from gold.constraints import by_name
+from gold.constraints import by_name, gate_suites, viewed
 from gold.owner import check_owner
 from gold import late, sinks
 from gold.backfill import InBatch
@@ -125,6 +125,8 @@ class GoldBatch(MicroBatch):
         super().__init__(spark, cfg, query or query_name(cfg, tables), f"silver.{cfg.silver_table}", gates,
                          books, outputs)
         self.tables = tables
+        # table -> the constraints its gate checks on a column its view adds (quality_view)
+        self.viewed = {t.table: viewed(t.checks(), self.gates[t.table].suite) for t in tables if t.table in self.gates}
         self.folding = any(not t.stateful for t in tables)   # the stream hands over events
         self.merges = {out.name: out for out in outputs if isinstance(out, Merge)}
         self.published = {out.name for out in outputs if isinstance(out, Publish)}
@@ -196,7 +198,8 @@ class GoldBatch(MicroBatch):
         # jobs are small, and one at a time the driver's part of each was most of a batch.
         folded = together(*[partial(self.fold, spec, batch, ctx, seen["earliest"]) for spec in self.tables])
         changed = [f for f in folded if f is not None]
-        self.validate(ctx, *[(spec.table, T.quality_view(spec.live(touched(rows)), self.cfg.profile.dimension), live)
+        self.validate(ctx, *[(spec.table, T.quality_view(spec.live(touched(rows)), self.cfg.profile.dimension,
+                                                         self.viewed.get(spec.table, ())), live)
                              for spec, rows, n, live, _ in changed if live])
         out = dict(kept)
         for spec, rows, n, _, hint in changed:
@@ -269,8 +272,11 @@ def prepare_gold(spark, cfg, specs) -> None:
 def start_query(spark, cfg, specs, suites: dict):
     """Start the gold query over `specs` (each batch records its own accounting row)."""
     query = query_name(cfg, specs)
-    gates = {spec.table: QualityGate(suites[f"gold.{spec.table}"]) for spec in specs
-             if f"gold.{spec.table}" in suites}
+    # Every table is gated: by its suite's rules and the rules derived from the constraints
+    # they do not cover (gold/constraints.py), in one validation. (No suite at all, `suites={}`,
+    # is how a test or a bench runs gold without a gate: Delta's constraints still hold.)
+    gated = gate_suites(specs, suites) if suites else {}
+    gates = {spec.table: QualityGate(gated[f"gold.{spec.table}"]) for spec in specs if gated}
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
     silver = silver_stream(spark, cfg)
     batch = GoldBatch(spark, cfg, specs, gates, books, query, silver.schema)
@@ -294,7 +300,8 @@ def select(cfg, only=None) -> list[GoldTable]:
 
 def layer(cfg, only=None, suites=None) -> Layer:
     """The profile's gold tables (or the `only` subset, by key), written by one flow, gated by
-    `suites` (default: conf gold.expectations)."""
+    `suites` (default: conf gold.expectations) and each table's constraints (gate_suites);
+    `suites={}`: not gated (tests and benches that measure something else)."""
     if suites is None:
         suites = load_suites(cfg.gold.expectations, gx=False)   # a bad suite fails here or in validate
     chosen = select(cfg, only)
@@ -303,7 +310,7 @@ def layer(cfg, only=None, suites=None) -> Layer:
     flow = Flow(name, "gold", begin, recovery=lambda: RestartOnSchemaChange(name, begin))
     return Layer("gold", "silver", (flow,), reads_table=cfg.table_path("silver", cfg.silver_table),
                  prepare=lambda spark: prepare_gold(spark, cfg, chosen),
-                 validate=lambda: load_suites(cfg.gold.expectations),
+                 validate=lambda: gate_suites(chosen, load_suites(cfg.gold.expectations)),
                  describe=f"silver.{cfg.silver_table} -> {', '.join(f'gold.{t.table}' for t in chosen)}")
 
 

@@ -200,10 +200,21 @@ def is_final(watermark_ms: int, window_end: str = "window_end"):
     return F.col(window_end) <= F.timestamp_millis(F.lit(watermark_ms))
 
 
-def quality_view(df: DataFrame, dimension=None) -> DataFrame:
+def quality_view(df: DataFrame, dimension=None, checks=()) -> DataFrame:
     """Columns the gold suite checks that are derived, not stored: window_seconds, and for each
     column of the profile's dimension join the table carries, `<column>_null_without_flag`
-    (true where it is NULL although the dimension flag says the join matched)."""
+    (true where it is NULL although the dimension flag says the join matched). And for each of
+    `checks` (the table constraints whose derived rule the gate runs on the view,
+    gold.constraints.viewed), a column named after it: true where its CHECK expression is, false
+    where it is false or NULL (Delta refuses both). Projections of `df`, computed in the jobs
+    that read them: the gate's rules on them add no Spark job."""
+    taken = {c.lower() for c in df.columns}
+    clash = [c.name for c in checks if c.name.lower() in taken]
+    if clash:
+        raise ValueError(f"the gate's view adds column {clash[0]!r} for the table constraint of that name, "
+                         "which the table has already: rename the table's column")
+    for check in checks:
+        df = df.withColumn(check.name, F.coalesce(F.expr(check.sql), F.lit(False)))
     if "window_end" in df.columns:
         df = df.withColumn("window_seconds",
                            F.col("window_end").cast("long") - F.col("window_start").cast("long"))

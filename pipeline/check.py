@@ -3,12 +3,13 @@
     lakehouse check [all|bronze|silver|gold] [--source files|kafka] [--only KEYS] [--trigger ...]
 
 The config and its profile, each layer's GX suites (and the columns their expectations name,
-against the tables they gate), the sources (landing folder, Kafka broker), the object store,
+against the tables they gate; gold's with the rules derived from its tables' constraints), the sources (landing folder, Kafka broker), the object store,
 the tables that exist against the schemas the run writes, each checkpoint against the flow that
 owns it (its stateful operators and the shape of their state; which query wrote each gold
 table) and the checkpoint locks. Every problem is listed, each naming the file and key, the
 table or the checkpoint; the exit code is 2 if there is any. A run makes the same checks before
-its queries start (`lakehouse run`).
+its queries start (`lakehouse run`). When all is well it lists each gold table's constraints
+with the rule of its gate that checks each.
 """
 from __future__ import annotations
 
@@ -102,6 +103,13 @@ def main(argv=None, *, spark=None, env=None, prog: str = "pipeline.check") -> in
         return 2
     flows = [f.name for layer in layers for f in layer.flows]
     print(f"check: OK ({', '.join(layer.name for layer in layers)}: queries {', '.join(flows)})")
+    from pipeline.checks import constraint_lines
+
+    for flow in (f for layer in layers if layer.name == "gold" for f in layer.flows):
+        print(f"{flow.name}: table constraints, each checked by the gate (a suite rule covering it, "
+              "or one derived from it), then by Delta")
+        for line in constraint_lines(cfg, flow):
+            print(f"    {line}")
     return 0
 
 

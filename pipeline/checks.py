@@ -165,6 +165,21 @@ def gold_tables(cfg, flow) -> list:
     return [t for t in for_config(cfg) if not keys or t.key in keys]
 
 
+def constraint_lines(cfg, flow) -> list[str]:
+    """A gold flow's tables' constraints, each with the rule of its gate that checks it: a rule
+    of the suite that covers it, or the one derived from it (gold.constraints.listing)."""
+    from common.quality import load_suites
+    from gold.constraints import listing
+
+    tables = gold_tables(cfg, flow)
+    if not tables:
+        return []
+    try:
+        return listing(tables, load_suites(cfg.gold.expectations, gx=False))
+    except JobError as e:           # the suite file's own problem, which validate reports
+        return [f"(not listed: {e})"]
+
+
 def stateful_table(cfg, flow):
     """The stateful gold table the flow writes, if any."""
     return next((t for t in gold_tables(cfg, flow) if t.stateful), None)

@@ -4,7 +4,8 @@
 
 Derived from the layers' declarations (each layer's `layer(cfg)`, common/flow.py) and the config:
 per flow (one streaming query), what it reads, its transform and stateful operators, the tables
-it writes, its checkpoint, the suite gating it and its trigger. `make report` draws the same
+it writes, its checkpoint, the suite gating it (for gold, with each table constraint and the
+gate's rule that checks it) and its trigger. `make report` draws the same
 graph (flows.png); --png draws it alone.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ class FlowNode:
     checkpoint: str
     suite: str
     trigger: str
+    constraints: tuple[str, ...] = ()    # gold: each table constraint and the gate's rule checking it
 
 
 def _table_names(cfg) -> dict[str, str]:
@@ -58,7 +60,7 @@ def _suite(cfg, layer, sinks) -> str:
 
 def flows(cfg, source: str | None = None) -> list[FlowNode]:
     from common.streaming import trigger
-    from pipeline.checks import operators
+    from pipeline.checks import constraint_lines, operators
     from pipeline.runner import declare
 
     names = _table_names(cfg)
@@ -82,7 +84,8 @@ def flows(cfg, source: str | None = None) -> list[FlowNode]:
                 flow.name, layer.name, tuple(sources),
                 f"{layer.name}/transform.py" + (f" + {', '.join(ops)}" if ops else ""), tuple(sinks),
                 cfg.checkpoint(flow.name), _suite(cfg, layer, sinks),
-                ", ".join(f"{k} {v}" if v is not True else k for k, v in trigger(cfg, layer.name).items())))
+                ", ".join(f"{k} {v}" if v is not True else k for k, v in trigger(cfg, layer.name).items()),
+                tuple(constraint_lines(cfg, flow))))
     return nodes
 
 
@@ -94,7 +97,11 @@ def render(nodes: list[FlowNode]) -> str:
                   f"    -> {n.transform}",
                   f"    -> {', '.join(n.sinks)}",
                   f"  checkpoint {n.checkpoint}",
-                  f"  suite      {n.suite}", ""]
+                  f"  suite      {n.suite}"]
+        if n.constraints:
+            lines += ["  constraints (each checked by the gate: a suite rule covering it, or one derived from it)",
+                      *(f"    {c}" for c in n.constraints)]
+        lines.append("")
     return "\n".join(lines).rstrip()
 
 

@@ -148,3 +148,39 @@ def test_a_table_from_before_result_json_gains_it_at_start_and_its_rows_still_re
     assert build(spark, cfg, out) == 1
     assert "rendered 1 of 2 validation pages" in capsys.readouterr().err
     assert list((out / "validations").rglob("*.html")) == [page]
+
+
+def test_a_gold_suite_page_lists_the_rules_its_gate_derived_from_the_tables_constraints():
+    """The suite page holds the file's rules and, as recorded, the rules the gate ran that the
+    file does not hold (gold's `constraint:<name>` rules), each noted with its constraint; an
+    `after` rule as it runs, on the column of the gate's view that holds the CHECK's value."""
+    from great_expectations.core import ExpectationValidationResult
+    from pyspark.sql import Row
+
+    from common.config import load_config
+    from gold.constraints import gate_suites
+    from gold.tables import for_config
+
+    cfg = load_config(env={})
+    derived = dq_docs.constraint_checks(cfg)
+    for table in ("gold.device_sessions", "gold.zip_hourly_sightings"):
+        declared = load_suites(cfg.gold.expectations)[table]
+        gate = gate_suites(for_config(cfg), {table: declared})[table]
+        recorded = [(Row(expectation=rule.name, policy=rule.policy),
+                     ExpectationValidationResult(success=True, expectation_config=rule.gx().configuration, result={}))
+                    for rule in gate.rules]
+        page = dq_docs.gx_suite(f"gold.{table}", declared, recorded, derived)
+        assert len(page.expectations) == len(gate.rules) > len(declared.rules)
+        notes = [e.notes for e in page.expectations]
+        assert notes[:len(declared.rules)] == [f"rule `{r.name}`, policy **{r.policy}**" for r in declared.rules]
+        assert all(note.startswith(f"rule `{r.name}`, policy **fail**, not in the suite file (as run): derived "
+                                   f"from the table constraint `{r.name.removeprefix('constraint:')}`, ")
+                   for r, note in zip(gate.rules[len(declared.rules):], notes[len(declared.rules):])), notes
+    ends = next(e for e in page.expectations if "window_end_after_window_start" in e.notes)
+    assert (ends.expectation_type, ends.column, ends.value_set) == (
+        "expect_column_values_to_be_in_set", "window_end_after_window_start", [True])
+    assert ends.notes.endswith(": derived from the table constraint `window_end_after_window_start`, "
+                               "`window_end` > `window_start`; column `window_end_after_window_start` of the "
+                               "gate's view is its value (NULL: false)")
+    nulls = next(e for e in page.expectations if "constraint:window_start_not_null" in e.notes)
+    assert nulls.notes.endswith("`window_start_not_null`, `window_start` IS NOT NULL")

@@ -480,7 +480,10 @@ def test_windows_behind_the_watermark_are_finalized(spark, windowed):
 
 
 def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
-    """Every table of every batch is gated, and one append per batch records them all."""
+    """Every table of every batch is gated, by its suite and its constraints, and one append per
+    batch records them all."""
+    from gold.constraints import gate_suites
+
     cfg, _, _ = windowed
     suites = load_suites(cfg.gold.expectations)
     dq = read(spark, cfg, "ops", "dq_results").collect()
@@ -489,8 +492,10 @@ def test_quality_results_for_every_expectation_of_every_batch(spark, windowed):
     assert_booked(books, cfg, GOLD)
     assert sorted(books) == committed_batches(cfg, GOLD, data_only=True) and all(books.values())
     assert {r.query for r in dq} == {GOLD}
+    gated = gate_suites(TABLES, suites)      # each suite's rules and its constraints' derived ones
     for spec in TABLES:
-        rules = {r.name for r in suites[f"gold.{spec.table}"].rules}
+        rules = {r.name for r in gated[f"gold.{spec.table}"].rules}
+        assert {f"constraint:{c.name}" for c in spec.checks()} & rules, spec.table
         mine = [r for r in dq if r.table_name == f"gold.{spec.table}"]
         assert Counter((r.batch_id, r.expectation) for r in mine) == Counter(
             (b, name) for b in books for name in rules), spec.table
@@ -646,6 +651,238 @@ def test_gold_tables_carry_their_kinds_constraints_and_a_write_breaking_one_comm
     prepare_gold(spark, copy, TABLES)
     assert {k for k in table_properties(spark, path) if k.startswith(CONSTRAINT)} == {
         CONSTRAINT + c.name.lower() for c in SPEC["activity"].checks()}
+    drop_names(spark)
+
+
+def test_each_constraint_is_a_gx_rule_and_a_suite_rule_covering_it_counts():
+    """Each kind's constraints in their Great Expectations form; the gate of each table runs the
+    suite's rules plus one derived rule (policy fail, `constraint:<name>`) per constraint no
+    `fail` rule of the suite covers: same expectation on the same column(s), on every row, a
+    bound at least as strict. A derived rule is a single-column expectation (GX bundles it in
+    the suite's jobs): the one of an `after` constraint checks a boolean column of the gate's
+    view, `<name>` (quality_view), in [true], where a suite rule covering it is GX's column pair."""
+    from common.errors import JobError
+    from common.quality import Rule
+    from gold.constraints import DERIVED, coverage, gate_suite, gate_suites, listing, viewed
+
+    def rules(spec):
+        return [(r.name, r.expectation, r.kwargs, r.policy) for r in (c.rule() for c in spec.checks())]
+
+    nn, in_set = "expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"
+    between, pair = "expect_column_values_to_be_between", "expect_column_pair_values_a_to_be_greater_than_b"
+    assert rules(SPEC["sightings"]) == [
+        ("constraint:window_start_not_null", nn, {"column": "window_start"}, "fail"),
+        ("constraint:window_end_not_null", nn, {"column": "window_end"}, "fail"),
+        ("constraint:window_end_after_window_start", in_set,
+         {"column": "window_end_after_window_start", "value_set": [True]}, "fail"),
+        ("constraint:events_not_negative", between, {"column": "events", "min_value": 0}, "fail")]
+    assert rules(SPEC["sessions"]) == [
+        *[(f"constraint:{c}_not_null", nn, {"column": c}, "fail")
+          for c in ("device_id", "session_id", "session_start", "session_end")],
+        ("constraint:session_end_at_or_after_session_start", in_set,
+         {"column": "session_end_at_or_after_session_start", "value_set": [True]}, "fail"),
+        ("constraint:events_not_negative", between, {"column": "events", "min_value": 0}, "fail")]
+    assert rules(SPEC["devices"])[-1] == ("constraint:devices_not_negative", between,
+                                          {"column": "devices", "min_value": 0}, "fail")
+    # The view column is the CHECK itself; what a suite rule covering the constraint is stays
+    # GX's column pair.
+    ends, at_or_after = SPEC["sightings"].checks()[2], SPEC["sessions"].checks()[4]
+    assert (ends.sql, ends.in_view, ends.expectation, dict(ends.kwargs)) == (
+        "`window_end` > `window_start`", True, pair,
+        {"column_A": "window_end", "column_B": "window_start", "or_equal": False})
+    assert (at_or_after.sql, dict(at_or_after.kwargs)["or_equal"]) == ("`session_end` >= `session_start`", True)
+    assert not any(c.in_view for spec in TABLES for c in spec.checks() if c.expectation != pair)
+    for spec in TABLES:
+        for check in spec.checks():
+            check.rule().gx()           # a GX expectation with valid kwargs
+
+    # The conf suite: which constraint each rule covers, and the rest derived.
+    suites = load_suites(load_config(env={}).gold.expectations)
+    covered = {(spec.table, c.check.name): c.rule for spec in TABLES
+               for c in coverage(spec.checks(), suites[f"gold.{spec.table}"]) if not c.derived}
+    assert covered == {("device_activity", "events_not_negative"): "counts_non_negative",   # min 0
+                       ("device_sessions", "events_not_negative"): "session_has_events",    # min 1
+                       ("device_sessions", "session_end_at_or_after_session_start"): "session_end_after_start",
+                       ("zip_daily_devices", "devices_not_negative"): "at_least_one_device"}
+    gated = gate_suites(TABLES, suites)
+    for spec in TABLES:
+        suite, gate = suites[f"gold.{spec.table}"], gated[f"gold.{spec.table}"]
+        assert (gate.name, gate.table) == (suite.name, suite.table)
+        assert gate.rules[:len(suite.rules)] == suite.rules, spec.table
+        assert [r.name for r in gate.rules[len(suite.rules):]] == [
+            DERIVED + c.name for c in spec.checks() if (spec.table, c.name) not in covered], spec.table
+        assert all(r.policy == "fail" for r in gate.rules[len(suite.rules):])
+    # The gate's view gets a column for each derived `after` rule, none for a covered one; the
+    # listing of `lakehouse check` and `graph` shows the column each checks.
+    ends_after = ["window_end_after_window_start"]
+    assert {spec.table: [c.name for c in viewed(spec.checks(), gated[f"gold.{spec.table}"])] for spec in TABLES} == {
+        "zip_hourly_sightings": ends_after, "device_activity": ends_after, "device_sessions": [],
+        "zip_daily_devices": ends_after}
+    assert [c.name for c in viewed(SPEC["sessions"].checks(), gate_suites([SPEC["sessions"]], {})[
+        "gold.device_sessions"])] == ["session_end_at_or_after_session_start"]
+    lines = {" ".join(line.split()) for line in listing(TABLES, suites)}
+    assert ("gold.zip_hourly_sightings window_end_after_window_start derived rule "
+            "constraint:window_end_after_window_start: view column window_end_after_window_start = "
+            "`window_end` > `window_start` (NULL: false) in [true]") in lines
+    assert "gold.zip_hourly_sightings window_start_not_null derived rule constraint:window_start_not_null" in lines
+    assert ("gold.device_sessions session_end_at_or_after_session_start covered by session_end_after_start"
+            in lines)
+
+    # What does not cover a constraint: another policy, `mostly`, a looser bound, another
+    # column, a row condition, `>=` for a strict `>`. A stricter bound, `>` for `>=`, or the
+    # column in other case, does.
+    events = SPEC["sightings"].checks()[-1]           # events >= 0
+    ends = SPEC["sightings"].checks()[2]              # window_end > window_start
+    at_or_after = SPEC["sessions"].checks()[4]        # session_end >= session_start
+
+    def covers(check, expectation, kwargs, policy="fail"):
+        return check.covered_by(Rule("r", expectation, kwargs, policy))
+
+    assert covers(events, between, {"column": "events", "min_value": 0})
+    assert covers(events, between, {"column": "EVENTS", "min_value": 1, "max_value": 10, "strict_min": True})
+    assert covers(events, between, {"column": "events", "min_value": 0, "mostly": 1.0})
+    for kwargs in ({"column": "events", "min_value": -1}, {"column": "events", "max_value": 10},
+                   {"column": "sightings", "min_value": 0}, {"column": "events", "min_value": 0, "mostly": 0.99},
+                   {"column": "events", "min_value": 0, "row_condition": 'col("zip_code").notNull()',
+                    "condition_parser": "great_expectations"}):
+        assert not covers(events, between, kwargs), kwargs
+    assert not covers(events, between, {"column": "events", "min_value": 0}, "warn")
+    assert not covers(events, nn, {"column": "events"})
+    assert covers(ends, pair, {"column_A": "window_end", "column_B": "window_start"})
+    assert not covers(ends, pair, {"column_A": "window_end", "column_B": "window_start", "or_equal": True})
+    assert not covers(ends, pair, {"column_A": "window_start", "column_B": "window_end"})
+    assert covers(at_or_after, pair, {"column_A": "session_end", "column_B": "session_start", "or_equal": True})
+    assert covers(at_or_after, pair, {"column_A": "session_end", "column_B": "session_start", "or_equal": False})
+    assert not covers(at_or_after, pair, {"column_A": "session_end", "column_B": "session_start",
+                                          "ignore_row_if": "either_value_is_missing"})
+    assert covers(SPEC["sessions"].checks()[0], nn, {"column": "device_id"})
+    assert not covers(SPEC["sessions"].checks()[0], nn, {"column": "device_id", "mostly": 0.5})
+
+    # A table the suite file has no entry for is gated by its constraints alone, under the
+    # file's suite name; a suite rule may not take a derived rule's name.
+    alone = gate_suites([SPEC["sessions"]], {})["gold.device_sessions"]
+    assert [r.name for r in alone.rules] == [DERIVED + c.name for c in SPEC["sessions"].checks()]
+    taken = suites["gold.zip_hourly_sightings"]
+    taken = dataclasses.replace(taken, rules=(*taken.rules, Rule("constraint:events_not_negative", between,
+                                                                 {"column": "events", "min_value": 0}, "warn")))
+    with pytest.raises(JobError, match="'constraint:events_not_negative' is taken"):
+        gate_suite("zip_hourly_sightings", SPEC["sightings"].checks(), taken, "gold")
+
+
+def _broken(spec, **columns):
+    """The table's kind with a bug: every row its `updates` hands over gets `columns` (name ->
+    Column), whatever the events say."""
+    @dataclasses.dataclass(frozen=True)
+    class Broken(type(spec)):
+        def updates(self, *args):
+            rows = super().updates(*args)
+            for name, value in columns.items():
+                rows = rows.withColumn(name, value)
+            return rows
+
+    return Broken(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+
+
+def test_a_batch_breaking_a_constraint_is_stopped_by_the_gate_naming_it_and_commits_nothing(
+        spark, windowed, tmp_path, monkeypatch):
+    """A transform bug (a negative count, a NULL key, a window ending at its start) is stopped
+    by the gate's derived rules, in the one validation and the Spark jobs of the suite's own
+    rules, before Delta's own constraint is reached: the error and ops.dq_results name the
+    constraint, and no table gets a commit."""
+    import shutil
+
+    import common.quality as Q
+    from common.errors import DataQualityError
+    from gold.constraints import gate_suites, viewed
+    from gold.transform import quality_view
+
+    cfg, _, _ = windowed
+    copy = copy_lakehouse(cfg, tmp_path)
+    suites = load_suites(copy.gold.expectations)
+    gated = gate_suites(TABLES, suites)
+    sightings, activity = SPEC["sightings"], SPEC["activity"]
+
+    # A clean batch's gate with the derived rules: one validation, every rule passing, and no
+    # Spark job beyond those of the suite's rules alone (GX bundles single-column rules; the
+    # `after` rule checks the view's column window_end_after_window_start).
+    name = "gold.zip_hourly_sightings"
+    sc = spark.sparkContext
+    rows = read(spark, copy, "gold", sightings.table).cache()
+    n = rows.count()
+    view = quality_view(rows, NEST.dimension, viewed(sightings.checks(), gated[name]))
+    assert "window_end_after_window_start" in view.columns
+
+    def jobs(suite):
+        group = f"gate-{uuid.uuid4()}"
+        sc.setJobGroup(group, "a gold gate")
+        try:
+            outcomes = Q.QualityGate(suite).validate(view, n)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        # The status tracker learns of a job from the listener bus, after it ran: on a busy
+        # machine the last one may not be there yet.
+        sc._jsc.sc().listenerBus().waitUntilEmpty()
+        return outcomes, len(sc.statusTracker().getJobIdsForGroup(group))
+
+    validations = []
+    real = Q._validator
+    monkeypatch.setattr(Q, "_validator", lambda *a: validations.append(a) or real(*a))
+    outcomes, with_derived = jobs(gated[name])
+    assert len(validations) == 1 and all(o.success for o in outcomes)
+    assert {o.rule.name for o in outcomes} >= {"constraint:events_not_negative", "constraint:window_start_not_null",
+                                                "constraint:window_end_after_window_start"}
+    monkeypatch.undo()
+    assert with_derived == jobs(suites[name])[1] > 0
+    rows.unpersist()
+
+    # A later batch of the query, on a copy: the second append's events again, under a batch id
+    # the checkpoint has not logged (one apart from the last: the batch before it must not look
+    # like its no-data twin, which only closes). Activity's windows end at their start or start
+    # at NULL (half each), which its `after` rule refuses alike, as Delta's CHECK would.
+    offsets = Path(copy.checkpoint(GOLD)) / "offsets"
+    batch = max(committed_batches(copy, GOLD)) + 2
+    shutil.copy(offsets / str(max(committed_batches(copy, GOLD, data_only=True))), offsets / str(batch))
+    half = F.minute("window_start") % 10 == 0          # activity slides by 5 minutes
+    specs = [_broken(activity, window_end=F.when(half, F.col("window_start")).otherwise(F.col("window_end")),
+                     window_start=F.when(~half, F.lit(None)).otherwise(F.col("window_start"))),
+             _broken(sightings, events=F.lit(-1).cast("long"))]
+    gates = {s.table: Q.QualityGate(gated[f"gold.{s.table}"]) for s in specs}
+    versions = {t.table: DeltaTable.forPath(spark, copy.table_path("gold", t.table)).history(1).first().version
+                for t in TABLES}
+    before = {s.table: _snapshot(spark, copy, s) for s in specs}
+    books = _Books()
+    with pytest.raises(DataQualityError) as stopped:
+        GoldBatch(spark, copy, specs, gates, books, GOLD)(gold_input(spark, copy, batch_events(spark, copy, 1)), batch)
+    message = str(stopped.value)
+    assert set(stopped.value.expectations) == {"constraint:window_end_after_window_start",
+                                               "constraint:window_start_not_null"}
+    assert f"quality gate failed: query 'gold', batch {batch}, table gold.device_activity" in message
+    assert ("expectation 'constraint:window_end_after_window_start' (expect_column_values_to_be_in_set "
+            "{'column': 'window_end_after_window_start', 'value_set': [True]}): ") in message
+    assert "DELTA_VIOLATE_CONSTRAINT" not in message
+
+    dq = read(spark, copy, "ops", "dq_results").where(F.col("batch_id") == batch).collect()
+    failed = {(r.table_name, r.expectation): r for r in dq if not r.success}
+    assert set(failed) == {("gold.device_activity", "constraint:window_end_after_window_start"),
+                           ("gold.device_activity", "constraint:window_start_not_null"),
+                           ("gold.zip_hourly_sightings", "constraint:events_not_negative")}, set(failed)
+    assert all((r.policy, r.suite) == ("fail", "gold") for r in failed.values())
+    # Each counts the rows it refuses: every row for `after` and the count, half for the NULL.
+    ends = failed["gold.device_activity", "constraint:window_end_after_window_start"]
+    starts = failed["gold.device_activity", "constraint:window_start_not_null"]
+    count = failed["gold.zip_hourly_sightings", "constraint:events_not_negative"]
+    assert ends.expectation_type == "expect_column_values_to_be_in_set"
+    assert ends.unexpected_count == ends.element_count == starts.element_count > starts.unexpected_count > 0, (
+        ends, starts)
+    assert count.unexpected_count == count.element_count > 0, count
+    assert json.loads(ends.result_json)["expectation_config"]["kwargs"]["column"] == "window_end_after_window_start"
+    assert {(r.table_name, r.expectation) for r in dq} == {
+        (f"gold.{s.table}", rule.name) for s in specs for rule in gated[f"gold.{s.table}"].rules}
+
+    assert {t.table: DeltaTable.forPath(spark, copy.table_path("gold", t.table)).history(1).first().version
+            for t in TABLES} == versions, "a gold table got a commit"
+    assert {s.table: _snapshot(spark, copy, s) for s in specs} == before
+    assert books.stashed == {} and batch not in committed_batches(copy, GOLD)
     drop_names(spark)
 
 
@@ -1272,8 +1509,9 @@ tables:
     assert "quality gate failed: query 'gold_sightings', batch 0" in message
     assert "expectation 'sightings_non_negative'" in message
     dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_sightings'").collect()
+    constraints = {(0, f"constraint:{c.name}", True, "fail") for c in SPEC["sightings"].checks()}
     assert {(r.batch_id, r.expectation, r.success, r.policy) for r in dq} == {
-        (0, "sightings_non_negative", False, "fail"), (0, "window_is_one_hour", True, "warn")}
+        (0, "sightings_non_negative", False, "fail"), (0, "window_is_one_hour", True, "warn"), *constraints}
     bad = next(r for r in dq if r.expectation == "sightings_non_negative")
     assert bad.unexpected_count == bad.element_count > 0
     assert read(spark, cfg, "gold", "zip_hourly_sightings").count() == 0  # nothing merged
@@ -1286,7 +1524,7 @@ tables:
                        "sightings after the replay")
     dq = read(spark, cfg, "ops", "dq_results").where("query = 'gold_sightings' AND batch_id = 0")
     assert dq.where("NOT success").count() == 1           # the failed attempt stays, for audit
-    assert dq.where("success AND suite = 'gold'").count() == 3
+    assert dq.where("success AND suite = 'gold'").count() == 3 + len(constraints)
 
 
 @pytest.mark.kafka

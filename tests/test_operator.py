@@ -183,8 +183,20 @@ def test_check_passes_on_a_fresh_lakehouse_with_its_landing_folder(spark, env, c
     assert code == 2 and problems == [f"landing folder {cfg.landing} does not exist (set LANDING, or write "
                                       "files there with `make generate`)"]
     cfg.landing.mkdir(parents=True)
-    code, problems = checked(capsys, [], spark=spark, env=env)
-    assert (code, problems) == (0, [])
+    from pipeline import check
+
+    assert check.main([], spark=spark, env=env) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("check: OK") and "\n  - " not in out
+    # It lists each gold table's constraints with the gate's rule that checks each.
+    assert "gold: table constraints, each checked by the gate" in out
+    lines = {" ".join(line.split()) for line in out.splitlines()}
+    assert "gold.device_activity events_not_negative covered by counts_non_negative" in lines
+    assert "gold.device_sessions device_id_not_null derived rule constraint:device_id_not_null" in lines
+    # An `after` rule checks a column of the gate's view: the line says which, and what it holds.
+    assert ("gold.device_activity window_end_after_window_start derived rule constraint:window_end_after_window_start: "
+            "view column window_end_after_window_start = `window_end` > `window_start` (NULL: false) in [true]"
+            in lines)
 
 
 def _foreign_state(spark, root, checkpoint: str) -> None:
@@ -273,6 +285,7 @@ def test_check_lists_every_problem_each_naming_its_file_key_table_or_checkpoint(
 
 def test_graph_is_the_declared_flows_with_their_checkpoints_suites_and_triggers(env, capsys):
     from common.config import load_config
+    from gold.tables import for_config
     from pipeline import graph
     from pipeline.runner import declare
 
@@ -293,6 +306,16 @@ def test_graph_is_the_declared_flows_with_their_checkpoints_suites_and_triggers(
     assert [n.checkpoint for n in nodes] == [cfg.checkpoint(n.name) for n in nodes]
     assert silver.suite == "silver_camera_events.yaml (silver.camera_events)" and bronze.suite == "-"
     assert gold.suite.startswith("gold.yaml (gold.device_activity, gold.device_sessions")
+    # Each gold table's constraints, with the gate's rule checking each: a suite rule, or derived.
+    assert bronze.constraints == silver.constraints == ()
+    assert len(gold.constraints) == sum(len(t.checks()) for t in for_config(cfg))
+    lines = {" ".join(c.split()) for c in gold.constraints}
+    assert "gold.device_activity events_not_negative covered by counts_non_negative" in lines
+    assert ("gold.zip_hourly_sightings events_not_negative derived rule constraint:events_not_negative"
+            in lines)
+    assert ("gold.zip_daily_devices window_end_after_window_start derived rule constraint:window_end_after_window_start: "
+            "view column window_end_after_window_start = `window_end` > `window_start` (NULL: false) in [true]"
+            in lines)
     assert [n.trigger for n in nodes] == ["processingTime 5 seconds", "processingTime 1 seconds",
                                           "processingTime 1 seconds"]
 
@@ -300,6 +323,8 @@ def test_graph_is_the_declared_flows_with_their_checkpoints_suites_and_triggers(
     text = capsys.readouterr().out
     assert "silver (silver, processingTime 1 seconds)\n  bronze.events + silver.device_locations\n" in text
     assert f"  checkpoint {cfg.checkpoint('gold')}\n" in text
+    assert "  constraints (each checked by the gate" in text
+    assert "\n    gold.device_sessions session_end_at_or_after_session_start  covered by session_end_after_start\n" in text
 
 
 def test_the_report_draws_the_flows(spark, cfg, tmp_path):

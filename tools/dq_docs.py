@@ -115,6 +115,21 @@ def conf_suites(cfg) -> dict[tuple[str, str], object]:
     return out
 
 
+def constraint_checks(cfg) -> dict[str, object]:
+    """The rule name each gold table constraint's derived rule takes -> the constraint
+    (gold.constraints.Check): what a suite page notes beside a derived rule. A name says its
+    CHECK (`window_end_after_window_start`: `window_end` > `window_start`), whatever the table."""
+    from gold.constraints import DERIVED
+    from gold.tables import for_config
+
+    try:
+        tables = for_config(cfg)
+    except JobError as e:      # the recorded configurations still render, without the notes
+        print(f"warning: {e}; the gold constraints' rules are not described", file=sys.stderr)
+        return {}
+    return {DERIVED + c.name: c for t in tables for c in t.checks()}
+
+
 def expectation_result(row, rule):
     """The GX ExpectationValidationResult of one dq_results row: its result_json, or for a row
     recorded before that column existed, one made from its columns and the conf rule of that
@@ -162,25 +177,46 @@ def validation_result(run: Run, evrs: list):
                              "policy": {row.expectation: row.policy for row in run.rows}}})
 
 
-def gx_suite(name: str, declared, recorded: list):
-    """The GX ExpectationSuite page: conf's rules when conf still declares the suite, else the
-    expectations as last recorded."""
+def gx_suite(name: str, declared, recorded: list, derived: dict | None = None):
+    """The GX ExpectationSuite page: conf's rules when conf still declares the suite, plus the
+    rules its gate ran that the file does not hold (a gold table's constraints no rule of the
+    suite covers: the gate derives a rule from each, gold/constraints.py), as last recorded;
+    else the expectations as last recorded. `recorded`: (dq_results row, GX result) pairs;
+    `derived`: the constraints by their derived rule's name (constraint_checks), which the note
+    of such a rule names, with the column of the gate's view it checks, if it checks one."""
     import great_expectations as gx
 
     suite = gx.ExpectationSuite(name=name)
-    if declared is not None:
-        for rule in declared.rules:
-            config = rule.gx().configuration
-            config.notes = f"rule `{rule.name}`, policy **{rule.policy}**"     # the page's note icon
+    declared_rules = declared.rules if declared is not None else ()
+    for rule in declared_rules:
+        config = rule.gx().configuration
+        config.notes = f"rule `{rule.name}`, policy **{rule.policy}**"     # the page's note icon
+        suite.add_expectation_configuration(config)
+    known = {rule.name for rule in declared_rules}
+    for row, evr in recorded:
+        if declared is None or row.expectation not in known:
+            config = evr.expectation_config
+            if declared is not None:
+                config.notes = (f"rule `{row.expectation}`, policy **{row.policy}**, not in the suite file (as run)"
+                                + _derived_note((derived or {}).get(row.expectation), config))
             suite.add_expectation_configuration(config)
-    else:
-        for evr in recorded:
-            suite.add_expectation_configuration(evr.expectation_config)
     return suite
 
 
-def build_docs(runs: list[Run], suites: dict, site_dir: Path) -> dict:
-    """Render the runs as a GX Data Docs site in site_dir; returns counts of what it holds."""
+def _derived_note(check, config) -> str:
+    """What a suite page notes of a rule derived from a table constraint (`check`, None: not
+    one): the constraint, and the gate's view column the rule as recorded (`config`) checks."""
+    if check is None:
+        return ""
+    note = f": derived from the table constraint `{check.name}`, {check.sql}"
+    if config.kwargs.get("column") == check.name:
+        note += f"; column `{check.name}` of the gate's view is its value (NULL: false)"
+    return note
+
+
+def build_docs(runs: list[Run], suites: dict, site_dir: Path, derived: dict | None = None) -> dict:
+    """Render the runs as a GX Data Docs site in site_dir; returns counts of what it holds.
+    `derived`: what the notes of gold's derived constraint rules name (constraint_checks)."""
     import great_expectations as gx
     from great_expectations.data_context.types.resource_identifiers import (
         ExpectationSuiteIdentifier, ValidationResultIdentifier)
@@ -197,13 +233,14 @@ def build_docs(runs: list[Run], suites: dict, site_dir: Path) -> dict:
     for run in runs:
         declared = suites.get((run.suite, run.table))
         rules = {rule.name: rule for rule in declared.rules} if declared else {}
-        evrs = [evr for evr in (expectation_result(row, rules.get(row.expectation)) for row in run.rows) if evr]
-        skipped += len(run.rows) - len(evrs)
-        if evrs:
-            latest[run.gx_suite] = (run.suite, run.table, evrs)
-            results.append((run, validation_result(run, evrs)))
-    for name, (suite, table, evrs) in latest.items():
-        context.suites.add(gx_suite(name, suites.get((suite, table)), evrs))
+        pairs = [(row, evr) for row, evr in ((row, expectation_result(row, rules.get(row.expectation)))
+                                             for row in run.rows) if evr]
+        skipped += len(run.rows) - len(pairs)
+        if pairs:
+            latest[run.gx_suite] = (run.suite, run.table, pairs)
+            results.append((run, validation_result(run, [evr for _, evr in pairs])))
+    for name, (suite, table, pairs) in latest.items():
+        context.suites.add(gx_suite(name, suites.get((suite, table)), pairs, derived))
     store = context.validation_results_store
     for run, result in results:
         store.set(ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(run.gx_suite),
@@ -267,7 +304,7 @@ def main(argv=None, prog: str = "python -m tools.dq_docs", *, spark=None, cfg=No
     with tempfile.TemporaryDirectory(prefix=".dq-docs-", dir=staging_root) as tmp:
         site = Path(tmp) / "site"
         try:
-            counts = build_docs(runs, conf_suites(cfg), site)
+            counts = build_docs(runs, conf_suites(cfg), site, constraint_checks(cfg))
         except RenderError as e:     # the previous site stays as it was
             print(f"error: {e}", file=sys.stderr)
             return 1
