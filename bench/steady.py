@@ -1,0 +1,184 @@
+"""Figure (i), sustained throughput: the feed stepped up rate by rate, and for each step whether a
+run kept up with it. One definition for the pipeline (bench/run.py) and the plain run
+(bench/baseline_stream.py); the judgement is a pure function of the files' landing and
+visibility times, so tests/test_bench_docs.py checks it on synthetic numbers.
+
+A step lands one file a second at its rate for its duration, its event time continuing where the
+step before ended at a fixed speed (`speedup` seconds of event time per second). After the feed,
+the run is given up to `drain_s` seconds to make every file of the step visible in the last layer
+judged; only then does the next step start, so each step starts from an empty backlog and is
+judged on its own files. The steps stop at the first one the run did not keep up with.
+
+For each layer (silver, and the fresh gold table) and each file: visible = landing time +
+latency (bench/latency.py for the pipeline, bench/baseline_stream.py for the plain run); a file
+still not visible at the end of the drain counts with the time it had waited by then.
+
+  judged part   the step after its first third (`WARMUP_SHARE`: a run starting from an empty
+                backlog reaches its steady latency after about one latency), cut into an early
+                and a late half;
+  backlog(t)    files of the step landed by t minus files of the step visible in the layer by t,
+                sampled every second of the judged part;
+  growing       a figure's mean over the late half exceeds its mean over the early half by more
+                than `GROWTH` (25%) AND by more than its floor (`BACKLOG_FLOOR` files,
+                `LATENCY_FLOOR` seconds): one batch more or less in a half moves a small figure by
+                more than 25%, so below the floor a change is noise;
+  keeps up      every file of the step visible within the drain, and neither the layer's backlog
+                (over the judged part's seconds) nor its latency (over the files landed in each
+                half) growing.
+
+A run keeps up with a step when every judged layer does; its sustained throughput is the highest
+step rate it kept up with, every lower step included (a lower bound when it kept up with them all).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+WARMUP_SHARE = 1 / 3
+GROWTH = 0.25
+BACKLOG_FLOOR = 2.0      # files (one lands a second)
+LATENCY_FLOOR = 2.0      # seconds
+
+
+def parse_steps(text: str) -> list[int]:
+    """'1000,2000,4000' -> [1000, 2000, 4000], ascending and positive."""
+    rates = [int(x) for x in text.replace(" ", "").split(",") if x]
+    if not rates or any(r <= 0 for r in rates) or rates != sorted(set(rates)):
+        raise ValueError(f"steps must be ascending positive rates, got {text!r}")
+    return rates
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def growing(early: float | None, late: float | None, floor: float) -> bool | None:
+    """Whether `late` exceeds `early` by more than GROWTH (relative) and more than `floor`
+    (absolute); None when either half had nothing to judge."""
+    if early is None or late is None:
+        return None
+    return late > early * (1 + GROWTH) and late - early > floor
+
+
+def judge_layer(rows: list[dict], layer: str, start: float, end: float, observed_until: float) -> dict:
+    """One layer over one step: rows are the step's files ({"landed": epoch s, layer: latency s
+    or None}), the feed ran from `start` to `end`, visibility was last read at `observed_until`."""
+    landed = sorted(r["landed"] for r in rows)
+    visible = sorted(r["landed"] + r[layer] for r in rows if r[layer] is not None)
+    w0 = start + WARMUP_SHARE * (end - start)
+    mid = (w0 + end) / 2
+    early_b, late_b = [], []
+    t = w0
+    while t <= end + 1e-9:
+        b = _count_le(landed, t) - _count_le(visible, t)
+        (early_b if t < mid else late_b).append(b)
+        t += 1.0
+    lat = lambda r: r[layer] if r[layer] is not None else observed_until - r["landed"]  # noqa: E731
+    early_l = [lat(r) for r in rows if w0 <= r["landed"] < mid]
+    late_l = [lat(r) for r in rows if mid <= r["landed"] <= end]
+    out = {"backlog_early": _r(_mean(early_b)), "backlog_late": _r(_mean(late_b)),
+           "latency_early_s": _r(_mean(early_l)), "latency_late_s": _r(_mean(late_l)),
+           "visible": len(visible), "files": len(rows)}
+    out["backlog_growing"] = growing(_mean(early_b), _mean(late_b), BACKLOG_FLOOR)
+    out["latency_growing"] = growing(_mean(early_l), _mean(late_l), LATENCY_FLOOR)
+    drained = len(visible) == len(rows)
+    out["keeps_up"] = (None if out["backlog_growing"] is None or out["latency_growing"] is None
+                       else drained and not out["backlog_growing"] and not out["latency_growing"])
+    return out
+
+
+def _count_le(sorted_xs: list[float], t: float) -> int:
+    from bisect import bisect_right
+    return bisect_right(sorted_xs, t)
+
+
+def _r(x):
+    return None if x is None else round(x, 2)
+
+
+def judge_step(rows: list[dict], layers: list[str], start: float, end: float, observed_until: float) -> dict:
+    """Every layer's judgement and whether the run kept up with the step (all layers did; None
+    when a layer could not be judged: a step too short for two halves with files)."""
+    from bench.latency import summarize
+
+    per = {layer: {**judge_layer(rows, layer, start, end, observed_until),
+                   **{k: v for k, v in summarize(rows, layer, observed_until).items() if k.endswith("_s")}}
+           for layer in layers}
+    verdicts = [p["keeps_up"] for p in per.values()]
+    keeps_up = False if False in verdicts else None if None in verdicts else True
+    return {"layers": per, "keeps_up": keeps_up}
+
+
+def sustained(steps: list[dict]) -> dict:
+    """The highest step rate kept up with, every lower step included: `max_rate` (None: not even
+    the first), `kept_up_with_all` (then it is a lower bound)."""
+    best = None
+    for s in steps:
+        if not s.get("keeps_up"):
+            break
+        best = s["rate"]
+    return {"max_rate": best, "kept_up_with_all": bool(steps) and all(s.get("keeps_up") for s in steps)}
+
+
+def ratio(pipeline: dict | None, plain: dict | None, rates: list[int]) -> dict:
+    """Pipeline's sustained rate over the plain run's, with what the steps allow to say: both kept
+    up with every step (`undetermined`: raise the steps), or the plain run with none (no figure).
+    A run that kept up with every step has a lower bound, which is what the ratio uses."""
+    if not pipeline or not plain:
+        return {"ratio": None}
+    q, p = pipeline.get("max_rate"), plain.get("max_rate")
+    both_all = pipeline.get("kept_up_with_all") and plain.get("kept_up_with_all")
+    if both_all:
+        return {"ratio": None, "why": f"both kept up with every step (up to {rates[-1]:,} events/s): raise the steps"}
+    if not p:
+        return {"ratio": None, "why": f"the plain run did not keep up with the first step ({rates[0]:,} events/s)"}
+    return {"ratio": round((q or 0) / p, 2),
+            "bound": "at least" if pipeline.get("kept_up_with_all") else
+                     "at most" if plain.get("kept_up_with_all") else None}
+
+
+def run_steps(landing, params, seed: int, rates: list[int], seconds: float, speedup: float,
+              visibility: Callable[[dict], list[dict]], layers: list[str], drain_s: float,
+              check: Callable[[], None] = lambda: None, log: Callable[[str], None] = print) -> dict:
+    """Feed the steps one after another into `landing` (see the module's docstring) and judge
+    each; `visibility(landed)` -> one row per landed file with each layer's latency (None: not
+    visible yet); `check()` raises when the run under test died."""
+    from bench.contention import OtherCpu, busy_share, cpu_ticks
+    from bench.feeder import Feeder
+
+    out, start_ms = [], params.start_ms
+    for k, rate in enumerate(rates):
+        span = seconds * speedup
+        feeder = Feeder(landing, replace(params, start_ms=start_ms, span_s=span), seed + k, rate, seconds,
+                        prefix=f"part-bench-s{k}-")
+        start_ms += round(span * 1000)
+        check()
+        log(f"(i) step {k + 1}/{len(rates)}: {rate:,} events/s for {seconds:g} s")
+        with OtherCpu() as other:    # on a shared machine: how much of that busy share was others'
+            feeder.start()
+            ticks = cpu_ticks()
+            feeder.join()
+            busy = busy_share(ticks, cpu_ticks())
+        deadline = time.time() + drain_s
+        while True:
+            check()
+            rows = visibility(dict(feeder.landed))
+            observed_until = time.time()
+            if all(r[layers[-1]] is not None for r in rows) or observed_until > deadline:
+                break
+            time.sleep(2)
+        step = judge_step(rows, layers, feeder.started_at, feeder.finished_at, observed_until)
+        last = [r["landed"] + r[layers[-1]] for r in rows if r[layers[-1]] is not None]
+        drained = len(last) == len(rows)
+        step.update({"rate": rate, "seconds": seconds, "files": len(rows),
+                     "fed_events_per_s": round(feeder.events / max(feeder.finished_at - feeder.started_at, 1e-9)),
+                     "cores_busy_during_feed": busy, "drained": drained,
+                     "others_cpu_share_during_feed": other.share(feeder.finished_at - feeder.started_at),
+                     "drain_s": round(max(last) - feeder.finished_at, 1) if drained and last else None})
+        out.append(step)
+        log(f"(i) step {rate:,} events/s: " + ("kept up" if step["keeps_up"] else
+                                              "not judged" if step["keeps_up"] is None else "fell behind"))
+        if not step["keeps_up"]:
+            break
+    return {"steps": out, **sustained(out)}
