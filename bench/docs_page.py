@@ -93,11 +93,13 @@ FIGURES = [
      "(d)'s heavy intervals. After each step's feed the run gets up to "
      "`--throughput-drain-seconds` (default 120) to show every file in gold, so each step starts "
      "from an empty backlog; the steps stop at the first one the run did not keep up with. Kept "
-     "up with (`bench/steady.py`), for silver and for the hourly gold table: every file of the "
-     "step visible by the end of the drain, and over the step after its first third, cut into an "
-     "early and a late half, neither the backlog (files landed minus files visible, every second) "
-     "nor the latency (of the files landed in each half) growing: a half's mean more than 25% "
-     "and more than 2 files (2 s) above the early half's. The figure is the highest step rate "
+     "up with (`bench/steady.py`), for silver and for the hourly gold table, judged at the "
+     "layer's commits between the end of the step's first third and the end of its feed: after "
+     "each commit the backlog (files landed minus files visible) and the commit's latency (its "
+     "time minus the landing of the oldest file it showed); the step is kept up with when every "
+     "file was visible by the end of the drain and neither figure grew: the late half of the "
+     "commits' mean at most 25% above the early half's, or at most 2 files (2 s) above it. A "
+     "step with fewer than two such commits is not judged. The figure is the highest step rate "
      "kept up with (a lower bound when every step was), and pipeline / plain.", "sustained"),
 ]
 

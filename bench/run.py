@@ -448,6 +448,10 @@ def sustained(args, run_dir: Path) -> dict:
         out["plain_error"] = str(e)
         print(f"error in i (plain): {e}", file=sys.stderr, flush=True)
     out.update(ratio(out.get("pipeline"), out.get("plain"), rates))
+    # Each file's landing and visibility times, per run and step, beside the results (not in them).
+    files = {who: [step.pop("rows", None) for step in (out.get(who) or {}).get("steps", [])]
+             for who in ("pipeline", "plain")}
+    (run_dir / "sustained-files.json").write_text(json.dumps(files, indent=1))
     return out
 
 

@@ -10,21 +10,26 @@ judged; only then does the next step start, so each step starts from an empty ba
 judged on its own files. The steps stop at the first one the run did not keep up with.
 
 For each layer (silver, and the fresh gold table) and each file: visible = landing time +
-latency (bench/latency.py for the pipeline, bench/baseline_stream.py for the plain run); a file
-still not visible at the end of the drain counts with the time it had waited by then.
+latency (bench/latency.py for the pipeline, bench/baseline_stream.py for the plain run). A layer
+is judged at its commits, so a batch's sawtooth (files wait, then a commit shows them all) does
+not read as growth:
 
-  judged part   the step after its first third (`WARMUP_SHARE`: a run starting from an empty
-                backlog reaches its steady latency after about one latency), cut into an early
-                and a late half;
-  backlog(t)    files of the step landed by t minus files of the step visible in the layer by t,
-                sampled every second of the judged part;
+  judged part   the commits that made files of the step visible after the step's first third
+                (`WARMUP_SHARE`: a run starting from an empty backlog needs about one latency
+                to reach its steady one) and before its feed ended (once the feed stops, the run
+                is less loaded and the last files go faster); the first half of those commits is
+                the early half, the second half the late one (the middle one of an odd count in
+                neither);
+  backlog       right after a commit: files of the step landed by then minus files of the step
+                visible by then (what the batch could not take);
+  latency       of a commit: its time minus the landing time of the oldest file it made visible
+                (the longest wait it ended);
   growing       a figure's mean over the late half exceeds its mean over the early half by more
                 than `GROWTH` (25%) AND by more than its floor (`BACKLOG_FLOOR` files,
-                `LATENCY_FLOOR` seconds): one batch more or less in a half moves a small figure by
-                more than 25%, so below the floor a change is noise;
-  keeps up      every file of the step visible within the drain, and neither the layer's backlog
-                (over the judged part's seconds) nor its latency (over the files landed in each
-                half) growing.
+                `LATENCY_FLOOR` seconds): below the floor a change is one file or one trigger;
+  keeps up      every file of the step visible by the end of the drain, and neither the backlog
+                nor the latency growing. Fewer than two commits in the judged part (a step
+                shorter than about 1.5 latencies of the run): not judged, and the steps stop.
 
 A run keeps up with a step when every judged layer does; its sustained throughput is the highest
 step rate it kept up with, every lower step included (a lower bound when it kept up with them all).
@@ -63,28 +68,31 @@ def growing(early: float | None, late: float | None, floor: float) -> bool | Non
 
 def judge_layer(rows: list[dict], layer: str, start: float, end: float, observed_until: float) -> dict:
     """One layer over one step: rows are the step's files ({"landed": epoch s, layer: latency s
-    or None}), the feed ran from `start` to `end`, visibility was last read at `observed_until`."""
+    or None}), the feed ran from `start` to `end` (its last file's landing)."""
     landed = sorted(r["landed"] for r in rows)
-    visible = sorted(r["landed"] + r[layer] for r in rows if r[layer] is not None)
+    seen = [(round(r["landed"] + r[layer], 3), r["landed"]) for r in rows if r[layer] is not None]
+    visible = sorted(v for v, _ in seen)
     w0 = start + WARMUP_SHARE * (end - start)
-    mid = (w0 + end) / 2
-    early_b, late_b = [], []
-    t = w0
-    while t <= end + 1e-9:
-        b = _count_le(landed, t) - _count_le(visible, t)
-        (early_b if t < mid else late_b).append(b)
-        t += 1.0
-    lat = lambda r: r[layer] if r[layer] is not None else observed_until - r["landed"]  # noqa: E731
-    early_l = [lat(r) for r in rows if w0 <= r["landed"] < mid]
-    late_l = [lat(r) for r in rows if mid <= r["landed"] <= end]
-    out = {"backlog_early": _r(_mean(early_b)), "backlog_late": _r(_mean(late_b)),
-           "latency_early_s": _r(_mean(early_l)), "latency_late_s": _r(_mean(late_l)),
+    oldest: dict[float, float] = {}
+    for v, t in seen:
+        if w0 <= v <= end:
+            oldest[v] = min(oldest.get(v, t), t)
+    commits = sorted(oldest)
+    backlog = [_count_le(landed, c) - _count_le(visible, c) for c in commits]
+    age = [c - oldest[c] for c in commits]
+    half = len(commits) // 2
+    early, late = slice(0, half), slice(len(commits) - half, len(commits))
+    out = {"commits": len(commits),
+           "backlog_early": _r(_mean(backlog[early])), "backlog_late": _r(_mean(backlog[late])),
+           "latency_early_s": _r(_mean(age[early])), "latency_late_s": _r(_mean(age[late])),
            "visible": len(visible), "files": len(rows)}
-    out["backlog_growing"] = growing(_mean(early_b), _mean(late_b), BACKLOG_FLOOR)
-    out["latency_growing"] = growing(_mean(early_l), _mean(late_l), LATENCY_FLOOR)
+    out["backlog_growing"] = growing(_mean(backlog[early]), _mean(backlog[late]), BACKLOG_FLOOR)
+    out["latency_growing"] = growing(_mean(age[early]), _mean(age[late]), LATENCY_FLOOR)
     drained = len(visible) == len(rows)
-    out["keeps_up"] = (None if out["backlog_growing"] is None or out["latency_growing"] is None
-                       else drained and not out["backlog_growing"] and not out["latency_growing"])
+    judged = out["backlog_growing"] is not None and out["latency_growing"] is not None
+    # Files still waiting at the end of the drain settle it whatever the commits showed.
+    out["keeps_up"] = False if not drained else (not out["backlog_growing"] and not out["latency_growing"]
+                                                 if judged else None)
     return out
 
 
@@ -175,7 +183,8 @@ def run_steps(landing, params, seed: int, rates: list[int], seconds: float, spee
                      "fed_events_per_s": round(feeder.events / max(feeder.finished_at - feeder.started_at, 1e-9)),
                      "cores_busy_during_feed": busy, "drained": drained,
                      "others_cpu_share_during_feed": other.share(feeder.finished_at - feeder.started_at),
-                     "drain_s": round(max(last) - feeder.finished_at, 1) if drained and last else None})
+                     "drain_s": round(max(last) - feeder.finished_at, 1) if drained and last else None,
+                     "rows": rows})   # each file's times: the caller keeps them beside the results
         out.append(step)
         log(f"(i) step {rate:,} events/s: " + ("kept up" if step["keeps_up"] else
                                               "not judged" if step["keeps_up"] is None else "fell behind"))
