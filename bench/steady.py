@@ -140,7 +140,9 @@ def ratio(pipeline: dict | None, plain: dict | None, rates: list[int]) -> dict:
     if both_all:
         return {"ratio": None, "why": f"both kept up with every step (up to {rates[-1]:,} events/s): raise the steps"}
     if not p:
-        return {"ratio": None, "why": f"the plain run did not keep up with the first step ({rates[0]:,} events/s)"}
+        first = ((plain.get("steps") or [{}])[0]).get("keeps_up")
+        return {"ratio": None, "why": f"the plain run {'fell behind at' if first is False else 'was not judged at'} "
+                                      f"the first step ({rates[0]:,} events/s)"}
     return {"ratio": round((q or 0) / p, 2),
             "bound": "at least" if pipeline.get("kept_up_with_all") else
                      "at most" if plain.get("kept_up_with_all") else None}

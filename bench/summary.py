@@ -157,13 +157,22 @@ def _steps(run: dict | None) -> str:
         return "not measured"
     best = run.get("max_rate")
     steps = run.get("steps") or []
+    first = steps[0] if steps else {}
     head = (f">= {_n(best)} events/s (kept up with every step)" if run.get("kept_up_with_all") and best
-            else f"{_n(best)} events/s" if best else
-            f"below {_n(steps[0]['rate'])} events/s (fell behind at the first step)" if steps else "no step ran")
+            else f"{_n(best)} events/s" if best else "no step ran" if not steps else
+            f"below {_n(first['rate'])} events/s (fell behind at the first step)" if first.get("keeps_up") is False
+            else f"not judged at the first step ({_n(first['rate'])} events/s)")
     parts = []
     for st in steps:
-        g = (st.get("layers") or {}).get("zip_hourly_sightings") or {}
-        verdict = {True: "kept up", False: "fell behind", None: "not judged"}[st.get("keeps_up")]
+        layers = st.get("layers") or {}
+        g = layers.get("zip_hourly_sightings") or {}
+        if st.get("keeps_up") is None:
+            short = [f"{'silver' if name == 'silver' else 'gold'} {x.get('commits')}"
+                     for name, x in layers.items() if x.get("keeps_up") is None]
+            parts.append(f"{_n(st['rate'])} not judged (commits in the judged part: {', '.join(short)}; "
+                         f"the step is too short for latencies of p95 {g.get('p95_s')} s; {_busy(st)})")
+            continue
+        verdict = "kept up" if st["keeps_up"] else "fell behind"
         parts.append(f"{_n(st['rate'])} {verdict} (gold backlog {g.get('backlog_early')} -> "
                      f"{g.get('backlog_late')} files, latency {g.get('latency_early_s')} -> "
                      f"{g.get('latency_late_s')} s, p95 {g.get('p95_s')} s, {_busy(st)}"
@@ -315,8 +324,14 @@ def summary_line(r: dict) -> str:
         parts.append(f"baseline {g['wall_s']} s, run-all not measured" if g else "baseline -")
     su = r.get("sustained")
     if su:
-        rate = lambda run: ("-" if not run else f">={_n(run['max_rate'])}" if run.get("kept_up_with_all")  # noqa: E731
-                            else _n(run["max_rate"]) if run.get("max_rate") else "<first step")
+        def rate(run):
+            if not run:
+                return "-"
+            if run.get("max_rate"):
+                return f">={_n(run['max_rate'])}" if run.get("kept_up_with_all") else _n(run["max_rate"])
+            first = (run.get("steps") or [{}])[0].get("keeps_up")
+            return "<first step" if first is False else "not judged"
+
         bound = {"at least": ">=", "at most": "<="}.get(su.get("bound"), "")
         parts.append(f"sustained {rate(su.get('pipeline'))}/{rate(su.get('plain'))} ev/s pipeline/plain = "
                      + (f"{bound}{su['ratio']}x" if su.get("ratio") is not None else "-")
