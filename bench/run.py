@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import docs_page, summary
-from bench.contention import OtherCpu, busy_share, cpu_ticks
+from bench.contention import OtherCpu, busy_share, cpu_share, cpu_ticks
 from bench.latency import file_latencies, summarize
 from common.errors import LakehouseError
 from common.log import message_of, parseable_env
@@ -364,21 +364,22 @@ def stream_phase(args, run_dir: Path, rate: int | None = None, seconds: float | 
     proc, log_file = start_pipeline(env, run_dir / f"run-all-stream{tag}.log")
     try:
         wait_for_gold(proc, cfg, args.startup_timeout, log_file)
-        with OtherCpu() as other:    # on a shared machine: how much of that busy share was others'
+        with OtherCpu() as cpu:    # a shared machine: what others took, and what the run used
             feeder.start()
             ticks_at_start = cpu_ticks()
             feeder.join()
             busy = busy_share(ticks_at_start, cpu_ticks())
-        others = other.share(feeder.finished_at - feeder.started_at)
-        log(f"(d) feed done; the cores were {busy:.0%} busy (others {others:.0%}); waiting for gold to catch up"
-            if busy is not None and others is not None else "(d) feed done; waiting for gold to catch up")
+            others = cpu_share(cpu.seconds_so_far(), feeder.finished_at - feeder.started_at)
+            log(f"(d) feed done; the cores were {busy:.0%} busy (others {others:.0%}); waiting for gold "
+                f"to catch up" if busy is not None and others is not None else "(d) feed done; waiting for gold")
 
-        def caught_up():
-            rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
-            return bool(rows) and all(r[GOLD[0]] is not None for r in rows)
+            def caught_up():
+                rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
+                return bool(rows) and all(r[GOLD[0]] is not None for r in rows)
 
-        drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
-        observed_until = time.time()
+            drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
+            observed_until = time.time()
+        own = cpu_share(cpu.own_seconds(), feeder.finished_at - feeder.started_at)
     finally:
         stop_pipeline(proc, log_file)
     rows = file_latencies(cfg, feeder.landed, list(GOLD))
@@ -396,7 +397,8 @@ def stream_phase(args, run_dir: Path, rate: int | None = None, seconds: float | 
                "max_over_gold": summarize(measured, "max_over_gold", observed_until),
                "stages_p50_s": {k: summarize(measured, k)["p50_s"] for k in ("bronze", "silver", *GOLD)},
                "silver": summarize(measured, "silver", observed_until),
-               "cores_busy_during_feed": busy, "others_cpu_share_during_feed": others}
+               "cores_busy_during_feed": busy, "others_cpu_share_during_feed": others,
+               "own_cpu_demand": own}
     (run_dir / f"latency-files{tag}.json").write_text(json.dumps(rows, indent=1))
     return latency, {"span_s": span, "multiple": args.watermark_multiple}, cfg
 
@@ -420,7 +422,9 @@ def plain_stream(args, run_dir: Path, span_s: float, rate: int | None = None, se
     if out.get("cores_busy_during_feed") is not None:
         log(f"(d) plain feed done; the cores were {out['cores_busy_during_feed']:.0%} busy"
             + (f" (others {out['others_cpu_share_during_feed']:.0%})"
-               if out.get("others_cpu_share_during_feed") is not None else ""))
+               if out.get("others_cpu_share_during_feed") is not None else "")
+            + (f"; its own CPU {out['own_cpu_demand']:.0%} of the cores over the feed"
+               if out.get("own_cpu_demand") is not None else ""))
     return out
 
 

@@ -107,8 +107,9 @@ def _pct(x) -> str:
 
 def _busy(fig: dict) -> str:
     """How busy the cores were during a feed, and how much of it other processes took."""
-    others = fig.get("others_cpu_share_during_feed")
-    return f"cores {_pct(fig.get('cores_busy_during_feed'))} busy" + (f" (others {_pct(others)})" if others else "")
+    others, own = fig.get("others_cpu_share_during_feed"), fig.get("own_cpu_demand")
+    return (f"cores {_pct(fig.get('cores_busy_during_feed'))} busy" + (f" (others {_pct(others)})" if others else "")
+            + (f", own CPU {_pct(own)} of the cores over the feed" if own is not None else ""))
 
 
 def _side(fig: dict | None) -> str:

@@ -9,6 +9,7 @@ fails here."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -291,6 +292,22 @@ def test_the_machine_busy_share_comes_from_proc_stat_with_idle_and_iowait_not_bu
     assert busy_share(None, after) is None and busy_share(after, after) is None
     busy, total = cpu_ticks()            # this machine's own
     assert 0 <= busy <= total
+
+
+def test_a_run_s_own_cpu_is_counted_apart_from_others():
+    """What the measured run used, whoever else had the cores: its demand on the machine."""
+    import time
+
+    from bench.contention import OtherCpu, cpu_share
+
+    with OtherCpu(interval=0.2) as cpu:
+        t = time.process_time()
+        while time.process_time() - t < 0.4:       # this process is the run: 0.4 s of CPU
+            pass
+        time.sleep(0.3)
+    assert 0.3 <= cpu.own_seconds() <= 1.5
+    assert cpu_share(cpu.own_seconds(), 1.0) == round(cpu.own_seconds() / os.cpu_count(), 3)
+    assert cpu_share(None, 1.0) is None and cpu_share(1.0, 0) is None
 
 
 def test_only_takes_every_figure_the_help_lists():
