@@ -108,8 +108,9 @@ def _pct(x) -> str:
 def _busy(fig: dict) -> str:
     """How busy the cores were during a feed, and how much of it other processes took."""
     others, own = fig.get("others_cpu_share_during_feed"), fig.get("own_cpu_demand")
-    return (f"cores {_pct(fig.get('cores_busy_during_feed'))} busy" + (f" (others {_pct(others)})" if others else "")
-            + (f", own CPU {_pct(own)} of the cores over the feed" if own is not None else ""))
+    return (f"cores {_pct(fig.get('cores_busy_during_feed'))} busy during the feed"
+            + (f" (others {_pct(others)})" if others else "")
+            + (f", the run's own CPU {_pct(own)} of them" if own is not None else ""))
 
 
 def _side(fig: dict | None) -> str:
@@ -133,7 +134,7 @@ def latency_row(lat: dict, which: str) -> tuple[str, str, str]:
     interval = lat.get("interval")
     value = (f"pipeline: landing -> silver {_side(lat.get('silver'))}; landing -> gold.zip_hourly_sightings {_side(z)}"
              + (f" (max over gold tables p50 {m['p50_s']} s, p95 {m['p95_s']} s)" if m else "")
-             + f"; {_busy(lat)} during the feed. ")
+             + f"; {_busy(lat)}. ")
     if plain:
         gold = plain_layer(lat, "zip_hourly_sightings")
         value += (f"Plain Structured Streaming on the same feed: landing -> silver "

@@ -182,10 +182,10 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert "(d) latency at 5,000 events/s (heavy)" in page and f"(d) latency at {run.LIGHT_RATE:,} events/s (light)" in page
     assert f"landing -> gold.zip_hourly_sightings p50 {heavy['zip_hourly_sightings']['p50_s']} s" in page
     assert "cores 97% busy during the feed" in page and "cores 40% busy during the feed" in page
-    assert "landing -> fresh gold p50 2.0 s, p95 2.6 s; cores 90% busy" in page
+    assert "landing -> fresh gold p50 2.0 s, p95 2.6 s; cores 90% busy during the feed" in page
     assert f"Pipeline / plain p95: silver 1.25x, gold {x['gold_p95']}x" in page
     assert "| p95 <= 1.3x plain: silver met, gold MISSED |" in page
-    assert "cores 35% busy (others 5%)" in page          # a shared machine: what other processes took
+    assert "cores 35% busy during the feed (others 5%)" in page     # a shared machine: what others took
     line = summary.summary_line(record)
     assert (f"latency at 5,000 ev/s p95 pipeline/plain: silver 2.0/1.6 s = 1.25x (met), gold {gold_p95}/2.6 s = "
             f"{x['gold_p95']}x (MISSED), cores 97%/90%") in line
