@@ -211,7 +211,8 @@ def latency(args, cfg, params, queries, visible) -> dict:
         ticks = cpu_ticks()
         feeder.join()
         busy = busy_share(ticks, cpu_ticks())
-        others = cpu_share(cpu.seconds_so_far(), feeder.finished_at - feeder.started_at)
+        fed = feeder.finished_at - feeder.started_at
+        others, own = cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)
         deadline = time.time() + args.drain_seconds
         while True:
             check(queries)
@@ -225,7 +226,7 @@ def latency(args, cfg, params, queries, visible) -> dict:
     return {"rate_events_per_s": args.rate, **{layer: summarize(measured, layer, observed_until) for layer in LAYERS},
             "stages_p50_s": {layer: summarize(measured, layer)["p50_s"] for layer in LAYERS},
             "cores_busy_during_feed": busy, "others_cpu_share_during_feed": others,
-            "own_cpu_demand": cpu_share(cpu.own_seconds(), feeder.finished_at - feeder.started_at)}
+            "own_cpu_share_during_feed": own}
 
 
 def main(argv=None) -> int:

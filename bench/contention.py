@@ -5,7 +5,7 @@ starts under that decay. Instead /proc is sampled every second, and CPU time use
 outside this bench's process tree (children, grandchildren, their orphaned JVMs) is summed.
 Processes that start and end between two samples are missed, so it is a lower bound. Linux only;
 elsewhere it reports nothing. The same sampling sums the tree's own CPU (`own_seconds`): what the
-measured run used, whoever else had the cores.
+measured run used while others had the rest.
 
 `cpu_ticks` and `busy_share` say how busy the whole machine was over a phase (from /proc/stat):
 the streaming phase reports it, since a latency measured on saturated cores is work per event,
@@ -100,10 +100,7 @@ class OtherCpu:
 
 
 def cpu_share(seconds: float | None, wall: float) -> float | None:
-    """CPU seconds as a share of the machine's cores over `wall` seconds. A run's own CPU over a
-    feed and its drain, over the feed's wall, is its demand: what the feed's work needs of the
-    machine (at 100% and above it cannot keep up even alone on it), which others on the cores do
-    not cap as they cap its busy share during the feed."""
+    """CPU seconds as a share of the machine's cores over `wall` seconds."""
     return None if seconds is None or wall <= 0 else round(seconds / (wall * (os.cpu_count() or 1)), 3)
 
 

@@ -68,7 +68,7 @@ SPAN = "6 hours"
 # (d)'s light rate and the intervals both runs get at it (docs/benchmark.md says how they were
 # picked), and (i)'s steps.
 LIGHT_RATE = 200
-LIGHT_INTERVAL = "bronze=10 seconds,silver=10 seconds,gold=10 seconds"
+LIGHT_INTERVAL = "30 seconds"
 THROUGHPUT_RATES = "1000,2000,4000,8000"
 
 
@@ -369,9 +369,10 @@ def stream_phase(args, run_dir: Path, rate: int | None = None, seconds: float | 
             ticks_at_start = cpu_ticks()
             feeder.join()
             busy = busy_share(ticks_at_start, cpu_ticks())
-            others = cpu_share(cpu.seconds_so_far(), feeder.finished_at - feeder.started_at)
-            log(f"(d) feed done; the cores were {busy:.0%} busy (others {others:.0%}); waiting for gold "
-                f"to catch up" if busy is not None and others is not None else "(d) feed done; waiting for gold")
+            fed = feeder.finished_at - feeder.started_at
+            others, own = cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)
+            log(f"(d) feed done; the cores were {busy:.0%} busy (others {others:.0%}, this run {own:.0%}); "
+                f"waiting for gold to catch up" if None not in (busy, others, own) else "(d) feed done; waiting for gold")
 
             def caught_up():
                 rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
@@ -379,7 +380,6 @@ def stream_phase(args, run_dir: Path, rate: int | None = None, seconds: float | 
 
             drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
             observed_until = time.time()
-        own = cpu_share(cpu.own_seconds(), feeder.finished_at - feeder.started_at)
     finally:
         stop_pipeline(proc, log_file)
     rows = file_latencies(cfg, feeder.landed, list(GOLD))
@@ -398,7 +398,7 @@ def stream_phase(args, run_dir: Path, rate: int | None = None, seconds: float | 
                "stages_p50_s": {k: summarize(measured, k)["p50_s"] for k in ("bronze", "silver", *GOLD)},
                "silver": summarize(measured, "silver", observed_until),
                "cores_busy_during_feed": busy, "others_cpu_share_during_feed": others,
-               "own_cpu_demand": own}
+               "own_cpu_share_during_feed": own}
     (run_dir / f"latency-files{tag}.json").write_text(json.dumps(rows, indent=1))
     return latency, {"span_s": span, "multiple": args.watermark_multiple}, cfg
 
@@ -423,8 +423,8 @@ def plain_stream(args, run_dir: Path, span_s: float, rate: int | None = None, se
         log(f"(d) plain feed done; the cores were {out['cores_busy_during_feed']:.0%} busy"
             + (f" (others {out['others_cpu_share_during_feed']:.0%})"
                if out.get("others_cpu_share_during_feed") is not None else "")
-            + (f"; its own CPU {out['own_cpu_demand']:.0%} of the cores over the feed"
-               if out.get("own_cpu_demand") is not None else ""))
+            + (f"; this run {out['own_cpu_share_during_feed']:.0%}"
+               if out.get("own_cpu_share_during_feed") is not None else ""))
     return out
 
 

@@ -169,7 +169,8 @@ def run_steps(landing, params, seed: int, rates: list[int], seconds: float, spee
             ticks = cpu_ticks()
             feeder.join()
             busy = busy_share(ticks, cpu_ticks())
-            others = cpu_share(cpu.seconds_so_far(), feeder.finished_at - feeder.started_at)
+            fed = feeder.finished_at - feeder.started_at
+            others, own = cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)
             deadline = time.time() + drain_s
             while True:
                 check()
@@ -184,8 +185,7 @@ def run_steps(landing, params, seed: int, rates: list[int], seconds: float, spee
         step.update({"rate": rate, "seconds": seconds, "files": len(rows),
                      "fed_events_per_s": round(feeder.events / max(feeder.finished_at - feeder.started_at, 1e-9)),
                      "cores_busy_during_feed": busy, "drained": drained,
-                     "others_cpu_share_during_feed": others,
-                     "own_cpu_demand": cpu_share(cpu.own_seconds(), feeder.finished_at - feeder.started_at),
+                     "others_cpu_share_during_feed": others, "own_cpu_share_during_feed": own,
                      "drain_s": round(max(last) - feeder.finished_at, 1) if drained and last else None,
                      "rows": rows})   # each file's times: the caller keeps them beside the results
         out.append(step)

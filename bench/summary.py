@@ -107,10 +107,10 @@ def _pct(x) -> str:
 
 def _busy(fig: dict) -> str:
     """How busy the cores were during a feed, and how much of it other processes took."""
-    others, own = fig.get("others_cpu_share_during_feed"), fig.get("own_cpu_demand")
-    return (f"cores {_pct(fig.get('cores_busy_during_feed'))} busy during the feed"
-            + (f" (others {_pct(others)})" if others else "")
-            + (f", the run's own CPU {_pct(own)} of them" if own is not None else ""))
+    others, own = fig.get("others_cpu_share_during_feed"), fig.get("own_cpu_share_during_feed")
+    split = ", ".join(x for x in (f"this run {_pct(own)}" if own is not None else "",
+                                  f"others {_pct(others)}" if others else "") if x)
+    return f"cores {_pct(fig.get('cores_busy_during_feed'))} busy during the feed" + (f" ({split})" if split else "")
 
 
 def _side(fig: dict | None) -> str:

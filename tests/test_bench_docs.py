@@ -77,7 +77,8 @@ def fake_run_logged(cmd, env, log_path: Path, marks=()):
         log_path.write_text("BASELINE_STREAM " + json.dumps(
             {"silver": fig(1.2, 1.6), "zip_hourly_sightings": fig(2.0, 2.6) if not light else fig(2.5, 4.0),
              "cores_busy_during_feed": 0.35 if light else 0.9,
-             "others_cpu_share_during_feed": 0.05 if light else None}) + "\n")
+             "others_cpu_share_during_feed": 0.05 if light else None,
+             "own_cpu_share_during_feed": 0.3 if light else None}) + "\n")
         return 60.0, {}
     if module == "bench.recompute":
         log_path.write_text('RECOMPUTE {"bronze": 10.0, "silver": 20.0, "gold": 30.0}\n')
@@ -185,7 +186,7 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert "landing -> fresh gold p50 2.0 s, p95 2.6 s; cores 90% busy during the feed" in page
     assert f"Pipeline / plain p95: silver 1.25x, gold {x['gold_p95']}x" in page
     assert "| p95 <= 1.3x plain: silver met, gold MISSED |" in page
-    assert "cores 35% busy during the feed (others 5%)" in page     # a shared machine: what others took
+    assert "cores 35% busy during the feed (this run 30%, others 5%)" in page    # a shared machine
     line = summary.summary_line(record)
     assert (f"latency at 5,000 ev/s p95 pipeline/plain: silver 2.0/1.6 s = 1.25x (met), gold {gold_p95}/2.6 s = "
             f"{x['gold_p95']}x (MISSED), cores 97%/90%") in line
@@ -295,7 +296,7 @@ def test_the_machine_busy_share_comes_from_proc_stat_with_idle_and_iowait_not_bu
 
 
 def test_a_run_s_own_cpu_is_counted_apart_from_others():
-    """What the measured run used, whoever else had the cores: its demand on the machine."""
+    """What the measured run used, apart from what other processes took of the cores."""
     import time
 
     from bench.contention import OtherCpu, cpu_share
