@@ -25,11 +25,14 @@ not read as growth:
   latency       of a commit: its time minus the landing time of the oldest file it made visible
                 (the longest wait it ended);
   growing       a figure's mean over the late half exceeds its mean over the early half by more
-                than `GROWTH` (25%) AND by more than its floor (`BACKLOG_FLOOR` files,
-                `LATENCY_FLOOR` seconds): below the floor a change is one file or one trigger;
+                than `GROWTH` (25%) AND by more than its floor: one batch's worth, the median time
+                between the judged commits (for the backlog: the files landed in that time), and
+                at least `LATENCY_FLOOR` seconds (`BACKLOG_FLOOR` files). A batch more or less
+                before a commit moves its figures by that much without anything growing;
   keeps up      every file of the step visible by the end of the drain, and neither the backlog
-                nor the latency growing. Fewer than two commits in the judged part (a step
-                shorter than about 1.5 latencies of the run): not judged, and the steps stop.
+                nor the latency growing. Fewer than `MIN_COMMITS` commits in the judged part (a
+                step too short for the run's latency and batch length): not judged, and the
+                steps stop.
 
 A run keeps up with a step when every judged layer does; its sustained throughput is the highest
 step rate it kept up with, every lower step included (a lower bound when it kept up with them all).
@@ -44,6 +47,7 @@ WARMUP_SHARE = 1 / 3
 GROWTH = 0.25
 BACKLOG_FLOOR = 2.0      # files (one lands a second)
 LATENCY_FLOOR = 2.0      # seconds
+MIN_COMMITS = 4          # two a half: one commit against one is a single batch's noise
 
 
 def parse_steps(text: str) -> list[int]:
@@ -82,14 +86,19 @@ def judge_layer(rows: list[dict], layer: str, start: float, end: float, observed
     age = [c - oldest[c] for c in commits]
     half = len(commits) // 2
     early, late = slice(0, half), slice(len(commits) - half, len(commits))
-    out = {"commits": len(commits),
+    gaps = sorted(b - a for a, b in zip(commits, commits[1:]))
+    batch_s = gaps[len(gaps) // 2] if gaps else 0.0
+    per_s = len(rows) / max(end - start + 1, 1.0)          # files landed a second
+    out = {"commits": len(commits), "commit_gap_s": _r(batch_s),
            "backlog_early": _r(_mean(backlog[early])), "backlog_late": _r(_mean(backlog[late])),
            "latency_early_s": _r(_mean(age[early])), "latency_late_s": _r(_mean(age[late])),
            "visible": len(visible), "files": len(rows)}
-    out["backlog_growing"] = growing(_mean(backlog[early]), _mean(backlog[late]), BACKLOG_FLOOR)
-    out["latency_growing"] = growing(_mean(age[early]), _mean(age[late]), LATENCY_FLOOR)
+    judged = len(commits) >= MIN_COMMITS
+    out["backlog_growing"] = (growing(_mean(backlog[early]), _mean(backlog[late]), max(BACKLOG_FLOOR, batch_s * per_s))
+                              if judged else None)
+    out["latency_growing"] = (growing(_mean(age[early]), _mean(age[late]), max(LATENCY_FLOOR, batch_s))
+                              if judged else None)
     drained = len(visible) == len(rows)
-    judged = out["backlog_growing"] is not None and out["latency_growing"] is not None
     # Files still waiting at the end of the drain settle it whatever the commits showed.
     out["keeps_up"] = False if not drained else (not out["backlog_growing"] and not out["latency_growing"]
                                                  if judged else None)

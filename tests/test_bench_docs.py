@@ -377,8 +377,16 @@ def test_steady_state_keeps_up_and_growth_falls_behind():
     stuck = step_rows(lambda i: None if i == 80 else 5.0)
     s = steady.judge_layer(stuck, layer, 0.0, 89.0, 150.0)
     assert s["visible"] == 89 and s["keeps_up"] is False
-    # Too short to cut into two halves with files: not judged, and the steps stop there.
+    # Too few commits after the warm-up to compare two against two: not judged, and the steps stop.
     assert steady.judge_layer(step_rows(lambda i: 1.0, seconds=2), layer, 0.0, 1.0, 5.0)["keeps_up"] is None
+    slow = step_rows(lambda i: 60.0 + (30 - i % 30))        # a batch every 30 s, 60-90 s behind
+    assert steady.judge_layer(slow, layer, 0.0, 89.0, 200.0)["keeps_up"] is None
+    # Batches of uneven length move the oldest wait of a commit by up to a batch: not growth.
+    commits = [10, 20, 30, 36, 42, 48, 54, 68, 82, 96]       # 6-s batches, then 14-s ones
+    uneven = step_rows(lambda i: next(c for c in commits if c >= i + 4) - i)
+    u = steady.judge_layer(uneven, layer, 0.0, 89.0, 120.0)
+    assert u["latency_late_s"] > 1.25 * u["latency_early_s"] and u["keeps_up"] is True
+    assert u["commit_gap_s"] == 6 and u["latency_late_s"] - u["latency_early_s"] < 6
 
 
 def test_sustained_rate_and_ratio_from_the_steps():
