@@ -262,7 +262,7 @@ BENCH_N ?= 1000000
 ifeq ($(origin N),command line)
 BENCH_N := $(N)
 endif
-bench: $(READY) ## The figures (a)-(h) of docs/benchmark.md on BENCH_N events: ceiling, throughput, incremental cost, latency, state, quality, plain Spark, empty batches (ONLY=a,b,...,h; BENCH_ARGS=...)
+bench: $(READY) ## The figures (a)-(i) of docs/benchmark.md on BENCH_N events: ceiling, throughput, incremental cost, latency at two rates, state, quality, plain Spark, empty batches, sustained throughput (ONLY=a,b,...,i; BENCH_ARGS=...)
 	$(PY) -m bench.run -n $(BENCH_N) $(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 
 s3-up: $(READY) ## Start the local S3-compatible server (S3Proxy) on 127.0.0.1 with the bucket from conf

@@ -4,7 +4,8 @@ The load average cannot tell: a phase's own JVMs push it to 3-4 on 2 cores, and 
 starts under that decay. Instead /proc is sampled every second, and CPU time used by processes
 outside this bench's process tree (children, grandchildren, their orphaned JVMs) is summed.
 Processes that start and end between two samples are missed, so it is a lower bound. Linux only;
-elsewhere it reports nothing.
+elsewhere it reports nothing. The same sampling sums the tree's own CPU (`own_seconds`): what the
+measured run used while others had the rest.
 
 `cpu_ticks` and `busy_share` say how busy the whole machine was over a phase (from /proc/stat):
 the streaming phase reports it, since a latency measured on saturated cores is work per event,
@@ -41,6 +42,9 @@ class OtherCpu:
         self._stop, self._thread = threading.Event(), None
         self._last: dict[int, int] = {}
         self._ticks = 0
+        # The same for this process tree: what the measured run itself used (own_seconds()).
+        self._own_last: dict[int, int] = {}
+        self._own_ticks = 0
 
     def _sample(self, first: bool = False) -> None:
         snap = _snapshot()
@@ -51,12 +55,17 @@ class OtherCpu:
             self.ours |= new
         for pid, (_, ticks) in snap.items():
             if pid in self.ours:
+                # Processes of the tree that started during the phase count whole, like others'.
+                self._own_ticks += 0 if first else ticks - self._own_last.get(pid, 0)
+                self._own_last[pid] = ticks
                 continue
             # A process first seen after the start ran only during the phase: all its ticks count.
             self._ticks += 0 if first else ticks - self._last.get(pid, 0)
             self._last[pid] = ticks
         for pid in set(self._last) - set(snap):
             del self._last[pid]
+        for pid in set(self._own_last) - set(snap):
+            del self._own_last[pid]
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -76,6 +85,11 @@ class OtherCpu:
             self._sample()
             self.seconds = round(self._ticks / TICK, 1)
 
+    def own_seconds(self) -> float:
+        """This process tree's CPU seconds since the start, as of the last sample (a child that
+        ended between two samples loses its last second)."""
+        return self._own_ticks / TICK
+
     def seconds_so_far(self) -> float:
         """Other processes' CPU seconds since the start, as of the last one-second sample."""
         return self._ticks / TICK
@@ -83,6 +97,11 @@ class OtherCpu:
     def share(self, wall: float) -> float | None:
         """Other processes' CPU as a share of the machine's capacity over `wall` seconds."""
         return None if self.seconds is None or wall <= 0 else round(self.seconds / (wall * os.cpu_count()), 3)
+
+
+def cpu_share(seconds: float | None, wall: float) -> float | None:
+    """CPU seconds as a share of the machine's cores over `wall` seconds."""
+    return None if seconds is None or wall <= 0 else round(seconds / (wall * (os.cpu_count() or 1)), 3)
 
 
 def cpu_ticks(stat: str | None = None) -> tuple[int, int] | None:

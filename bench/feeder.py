@@ -18,9 +18,11 @@ from common.storage import write_atomic
 
 class Feeder(threading.Thread):
     def __init__(self, landing: Path, params: Params, seed: int, rate: int, seconds: float,
-                 tick: float = 1.0):
+                 tick: float = 1.0, prefix: str = "part-bench-"):
         super().__init__(name="bench-feeder", daemon=True)
-        self.landing, self.tick = landing, tick
+        # `prefix`: the files' names start with it, so feeds landed one after another in one
+        # folder (the throughput steps, bench/steady.py) never reuse a name.
+        self.landing, self.tick, self.prefix = landing, tick, prefix
         self.ticks = max(1, int(seconds / tick))
         self.events = max(1, int(rate * seconds))
         batch = generate(self.events, params, seed)
@@ -43,7 +45,7 @@ class Feeder(threading.Thread):
             due = self.started_at + i * self.tick
             if self.stop_requested.wait(max(0.0, due - time.time())):
                 break
-            name = f"part-bench-{i:05d}.jsonl"
+            name = f"{self.prefix}{i:05d}.jsonl"
             write_atomic(self.landing / name, chunk)
             self.landed[name] = time.time()
         self.finished_at = time.time()

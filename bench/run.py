@@ -1,17 +1,20 @@
-"""Benchmark: eight figures measured in one run on this machine.
+"""Benchmark: nine figures measured in one run on this machine.
 
-    python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--stream-seconds 90]
+    python -m bench.run -n 1000000 [--only a,b,...] [--rate 5000] [--light-rate 200] [--stream-seconds 90]
     (make bench BENCH_N=1000000, or make bench BENCH_N=20000)
 
   a  engine ceiling: the landing files, raw schema and explode into Spark's noop sink, read
      both with spark.read.text and with bronze's binaryFile split; the faster is the ceiling
-  b  throughput of bronze, silver, gold and of `make run-all` (available-now), events/s,
-     end-to-end as a multiple of (a)
+     (information: issue 60 retired (b)'s target against it)
+  b  throughput of bronze, silver, gold and of `make run-all` (available-now), events/s;
+     end-to-end against (g)'s plain Structured Streaming rate, and as a multiple of (a)
   c  after the full run, +1% data: the incremental `make run-all` against a from-scratch batch
      recompute of all layers with the same transforms (bench/recompute.py)
-  d  landing -> gold latency, p50/p95, with processing-time triggers and a steady feed; then
-     (g)'s plain layers as processing-time queries over the same feed (bench/baseline_stream.py):
-     their landing -> silver latency beside the pipeline's
+  d  landing -> silver and landing -> gold latency, p50/p95, with processing-time triggers and a
+     steady feed, at two rates: --rate (heavy) and --light-rate (at which neither run saturates
+     the cores, with --light-interval's triggers); after each, the plain counterpart over the same
+     feed at the same intervals (bench/baseline_stream.py: bronze and silver appended, fresh gold
+     upserted by foreachBatch + MERGE in update mode), and the ratios pipeline / plain
   e  gold state rows over a stream whose event time spans 10x the gold watermark
   f  the quality gate's share of silver batch time (ops.batch_accounting.quality_ms)
   g  the same three layers as plain Structured Streaming (bench/baseline.py: one session,
@@ -19,9 +22,13 @@
      the same landing files, run after (b); `make run-all`'s wall over the baseline's wall
   h  the median duration of batches that read no row, per query, in (b)'s run-all and in the
      streaming run of (d, e)
+  i  sustained throughput: the feed stepped up (--throughput-rates, each step
+     --throughput-seconds), the highest rate the pipeline keeps up with (backlog and latency
+     not growing, bench/steady.py), the same for the plain run, and the ratio pipeline / plain
 
-d and e come from the same streaming run (fresh lakehouse); a, b, c, f and g read the first
-one's landing files (g runs before c appends to them).
+d and e come from the same streaming run (fresh lakehouse; e and h from the heavy rate's); a, b,
+c, f and g read the first one's landing files (g runs before c appends to them); i runs the
+pipeline and the plain layers on lakehouses of their own.
 Results: bench-results/bench-<time>-<N>.json and .md; the summary line is printed last. Then
 docs/benchmark.md is rewritten from the JSON just saved (bench/docs_page.py).
 """
@@ -40,14 +47,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import docs_page, summary
-from bench.contention import OtherCpu, busy_share, cpu_ticks
+from bench.contention import OtherCpu, busy_share, cpu_share, cpu_ticks
 from bench.latency import file_latencies, summarize
 from common.errors import LakehouseError
 from common.log import message_of, parseable_env
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench-results"
-SECTIONS = "abcdefgh"
+SECTIONS = "abcdefghi"
 # (h) times the batches that read no row in (b)'s run-all and in the streaming run of (d, e):
 # `--only h` runs both, and the figures they give on the way are kept too.
 RUN_ALL_FIGURES, STREAM_FIGURES = set("bcfh"), set("deh")
@@ -58,6 +65,11 @@ GOLD = ("zip_hourly_sightings", "device_activity", "device_sessions")
 # generator's own span (as long as the cameras' rhythm takes) would put 1M events half a year
 # ahead, past silver.max_future.
 SPAN = "6 hours"
+# (d)'s light rate and the intervals both runs get at it (docs/benchmark.md says how they were
+# picked), and (i)'s steps.
+LIGHT_RATE = 200
+LIGHT_INTERVAL = "30 seconds"
+THROUGHPUT_RATES = "1000,2000,4000,8000"
 
 
 class BenchError(LakehouseError, RuntimeError):
@@ -272,54 +284,104 @@ def _wait(predicate, timeout: float, proc=None, what="") -> bool:
     return False
 
 
-def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
-    from tools.generator.events import Params, write_locations
-    from bench.feeder import Feeder, stream_params
+def interval_env(spec: str | None) -> dict:
+    """The environment that gives the pipeline and the plain runs the same trigger intervals:
+    None -> conf's per-layer intervals; '10 seconds' -> TRIGGER_INTERVAL for every layer;
+    'bronze=10 seconds,silver=5 seconds,gold=5 seconds' -> each named layer's own interval
+    (LAKEHOUSE__STREAMING__<LAYER>_INTERVAL; the others keep conf's)."""
+    from common.spec import parse_duration
+
+    if not spec:
+        return {}
+    if "=" not in spec:
+        parse_duration(spec)
+        return {"TRIGGER_INTERVAL": spec}
+    out = {}
+    for part in spec.split(","):
+        layer, _, value = part.partition("=")
+        layer = layer.strip().lower()
+        if layer not in ("bronze", "silver", "gold"):
+            raise ValueError(f"interval {part!r}: expected <bronze|silver|gold>=<duration>")
+        parse_duration(value.strip())
+        out[f"LAKEHOUSE__STREAMING__{layer.upper()}_INTERVAL"] = value.strip()
+    return out
+
+
+def pipeline_env(root: Path, intervals: str | None) -> tuple[dict, "object"]:
+    """The environment and config of a processing-time run-all on the lakehouse at `root`."""
     from common.config import load_config
 
-    root = run_dir / "lakehouse-stream"
-    extra = {"TRIGGER": "processing-time"}
-    if args.interval:
-        extra["TRIGGER_INTERVAL"] = args.interval
-    env = base_env(root, **extra)
-    cfg = load_config(env=env)
-    span = args.watermark_multiple * cfg.gold.watermark.seconds
-    params = stream_params(Params.from_config(cfg.generator), span)
-    feeder = Feeder(cfg.landing, params, args.seed, args.rate, args.stream_seconds)
-    write_locations(cfg.locations_csv, params.devices, cfg.silver.min_event_time)
-    cfg.landing.mkdir(parents=True, exist_ok=True)
-    log(f"(d, e) run-all --trigger processing-time; feeding {feeder.events:,} events at {args.rate:,}/s "
-        f"for {args.stream_seconds:g} s, event time spanning {span / 3600:g} h")
-    log_file = open(run_dir / "run-all-stream.log", "w")
+    env = base_env(root, TRIGGER="processing-time", **interval_env(intervals))
+    return env, load_config(env=env)
+
+
+def start_pipeline(env: dict, log_path: Path):
+    """run-all --trigger processing-time in its own process group; returns (process, log file)."""
+    log_file = open(log_path, "w")
     proc = subprocess.Popen([*RUN_ALL, "--trigger", "processing-time"],
                             env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log_file
+
+
+def wait_for_gold(proc, cfg, startup_timeout: float, log_file) -> None:
+    gold_log = Path(cfg.table_path("gold", GOLD[0])) / "_delta_log"
+    if not _wait(gold_log.is_dir, startup_timeout, proc, "the gold job to start"):
+        raise BenchError(f"gold did not start within {startup_timeout} s; see {log_file.name}")
+
+
+def stop_pipeline(proc, log_file) -> None:
+    if proc.poll() is None:
+        # To the driver only: it stops every query after its batch. The JVM in the same group
+        # would run its shutdown hooks at once and abort the batches mid-way.
+        os.kill(proc.pid, signal.SIGTERM)
     try:
-        gold_log = Path(cfg.table_path("gold", GOLD[0])) / "_delta_log"
-        if not _wait(gold_log.is_dir, args.startup_timeout, proc, "the gold job to start"):
-            raise BenchError(f"gold did not start within {args.startup_timeout} s; see {log_file.name}")
-        feeder.start()
-        ticks_at_start = cpu_ticks()
-        feeder.join()
-        busy = busy_share(ticks_at_start, cpu_ticks())
-        log("(d, e) feed done; waiting for gold to catch up")
+        proc.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log_file.close()
 
-        def caught_up():
-            rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
-            return bool(rows) and all(r[GOLD[0]] is not None for r in rows)
 
-        drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
-        observed_until = time.time()
+def stream_phase(args, run_dir: Path, rate: int | None = None, seconds: float | None = None,
+                 intervals: str | None = None, tag: str = "") -> tuple[dict, dict, "object"]:
+    """(d, e): run-all with processing-time triggers on a fresh lakehouse, fed at `rate` for
+    `seconds` (default --rate, --stream-seconds and --interval); `tag` names the light run's
+    lakehouse and logs apart."""
+    from tools.generator.events import Params, write_locations
+    from bench.feeder import Feeder, stream_params
+
+    rate = args.rate if rate is None else rate
+    seconds = args.stream_seconds if seconds is None else seconds
+    intervals = args.interval if intervals is None else intervals
+    env, cfg = pipeline_env(run_dir / f"lakehouse-stream{tag}", intervals)
+    span = args.watermark_multiple * cfg.gold.watermark.seconds
+    params = stream_params(Params.from_config(cfg.generator), span)
+    feeder = Feeder(cfg.landing, params, args.seed, rate, seconds)
+    write_locations(cfg.locations_csv, params.devices, cfg.silver.min_event_time)
+    cfg.landing.mkdir(parents=True, exist_ok=True)
+    log(f"(d{'' if tag else ', e'}) run-all --trigger processing-time; feeding {feeder.events:,} events at "
+        f"{rate:,}/s for {seconds:g} s, event time spanning {span / 3600:g} h, intervals {intervals or 'conf'}")
+    proc, log_file = start_pipeline(env, run_dir / f"run-all-stream{tag}.log")
+    try:
+        wait_for_gold(proc, cfg, args.startup_timeout, log_file)
+        with OtherCpu() as cpu:    # a shared machine: what others took, and what the run used
+            feeder.start()
+            ticks_at_start = cpu_ticks()
+            feeder.join()
+            busy = busy_share(ticks_at_start, cpu_ticks())
+            fed = feeder.finished_at - feeder.started_at
+            others, own = cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)
+            log(f"(d) feed done; the cores were {busy:.0%} busy (others {others:.0%}, this run {own:.0%}); "
+                f"waiting for gold to catch up" if None not in (busy, others, own) else "(d) feed done; waiting for gold")
+
+            def caught_up():
+                rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
+                return bool(rows) and all(r[GOLD[0]] is not None for r in rows)
+
+            drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
+            observed_until = time.time()
     finally:
-        if proc.poll() is None:
-            # To the driver only: it stops every query after its batch. The JVM in the same group
-            # would run its shutdown hooks at once and abort the batches mid-way.
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log_file.close()
+        stop_pipeline(proc, log_file)
     rows = file_latencies(cfg, feeder.landed, list(GOLD))
     warm = feeder.started_at + args.warmup_seconds
     measured = [r for r in rows if r["landed"] >= warm]
@@ -327,30 +389,100 @@ def stream_phase(args, run_dir: Path) -> tuple[dict, dict, "object"]:
         vals = [r[t] for t in GOLD]
         r["max_over_gold"] = None if any(v is None for v in vals) else max(vals)
     fed_seconds = feeder.finished_at - feeder.started_at
-    latency = {"rate_events_per_s": args.rate,
+    latency = {"rate_events_per_s": rate, "seconds": seconds,
                "fed_events_per_s": round(feeder.events / max(fed_seconds, 1e-9)),
-               "interval": args.interval or "conf (streaming.<layer>_interval)",
+               "interval": intervals or "conf (streaming.<layer>_interval)",
                "files": len(rows), "warmup_s": args.warmup_seconds, "drained": drained,
                "zip_hourly_sightings": summarize(measured, GOLD[0], observed_until),
                "max_over_gold": summarize(measured, "max_over_gold", observed_until),
                "stages_p50_s": {k: summarize(measured, k)["p50_s"] for k in ("bronze", "silver", *GOLD)},
                "silver": summarize(measured, "silver", observed_until),
-               "cores_busy_during_feed": busy}
-    (run_dir / "latency-files.json").write_text(json.dumps(rows, indent=1))
+               "cores_busy_during_feed": busy, "others_cpu_share_during_feed": others,
+               "own_cpu_share_during_feed": own}
+    (run_dir / f"latency-files{tag}.json").write_text(json.dumps(rows, indent=1))
     return latency, {"span_s": span, "multiple": args.watermark_multiple}, cfg
 
 
-def plain_stream(args, run_dir: Path, span_s: float) -> dict:
+def plain_stream(args, run_dir: Path, span_s: float, rate: int | None = None, seconds: float | None = None,
+                 intervals: str | None = None, tag: str = "") -> dict:
     """(d) bench/baseline_stream.py on its own fresh lakehouse, after the pipeline's streaming
-    run, with the same feed: plain Structured Streaming's landing -> silver latency."""
-    extra = {"TRIGGER_INTERVAL": args.interval} if args.interval else {}
-    env = base_env(run_dir / "lakehouse-baseline-stream", **extra)   # the pipeline's intervals
-    log(f"(d) plain Structured Streaming over the same feed ({args.rate:,} events/s for {args.stream_seconds:g} s)")
-    cmd = [sys.executable, "-m", "bench.baseline_stream", "--seconds", f"{args.stream_seconds:g}",
-           "--rate", str(args.rate), "--seed", str(args.seed), "--span-seconds", f"{span_s:g}",
+    run, with the same feed and intervals: plain Structured Streaming's landing -> silver and
+    landing -> fresh gold latency."""
+    rate = args.rate if rate is None else rate
+    seconds = args.stream_seconds if seconds is None else seconds
+    intervals = args.interval if intervals is None else intervals
+    env = base_env(run_dir / f"lakehouse-baseline-stream{tag}", **interval_env(intervals))
+    log(f"(d) plain Structured Streaming over the same feed ({rate:,} events/s for {seconds:g} s)")
+    cmd = [sys.executable, "-m", "bench.baseline_stream", "--seconds", f"{seconds:g}",
+           "--rate", str(rate), "--seed", str(args.seed), "--span-seconds", f"{span_s:g}",
            "--warmup-seconds", f"{args.warmup_seconds:g}", "--drain-seconds", f"{args.drain_seconds:g}"]
-    run_logged(cmd, env, run_dir / "baseline-stream.log")
-    return result_line(run_dir / "baseline-stream.log", "BASELINE_STREAM")
+    log_path = run_dir / f"baseline-stream{tag}.log"
+    run_logged(cmd, env, log_path)
+    out = result_line(log_path, "BASELINE_STREAM")
+    if out.get("cores_busy_during_feed") is not None:
+        log(f"(d) plain feed done; the cores were {out['cores_busy_during_feed']:.0%} busy"
+            + (f" (others {out['others_cpu_share_during_feed']:.0%})"
+               if out.get("others_cpu_share_during_feed") is not None else "")
+            + (f"; this run {out['own_cpu_share_during_feed']:.0%}"
+               if out.get("own_cpu_share_during_feed") is not None else ""))
+    return out
+
+
+# --- i: sustained throughput ---------------------------------------------------------------
+
+def sustained(args, run_dir: Path) -> dict:
+    """(i) the feed stepped up (bench/steady.py) into the pipeline, then into the plain layers
+    (bench/baseline_stream.py --steps), each on a lakehouse of its own with the same intervals."""
+    from bench.steady import parse_steps, ratio
+
+    rates = parse_steps(args.throughput_rates)
+    seconds, intervals = args.throughput_seconds, args.throughput_interval or args.interval
+    out = {"rates": rates, "seconds": seconds, "speedup": args.throughput_speedup,
+           "drain_s": args.throughput_drain_seconds, "interval": intervals or "conf (streaming.<layer>_interval)"}
+    out["pipeline"] = sustained_pipeline(args, run_dir, rates, seconds, intervals)
+    env = base_env(run_dir / "lakehouse-baseline-sustained", **interval_env(intervals))
+    log("(i) plain Structured Streaming, the same steps")
+    cmd = [sys.executable, "-m", "bench.baseline_stream", "--seconds", f"{seconds:g}", "--steps",
+           ",".join(map(str, rates)), "--seed", str(args.seed), "--speedup", f"{args.throughput_speedup:g}",
+           "--drain-seconds", f"{args.throughput_drain_seconds:g}"]
+    try:
+        run_logged(cmd, env, run_dir / "baseline-sustained.log")
+        out["plain"] = result_line(run_dir / "baseline-sustained.log", "BASELINE_STREAM")
+    except BenchError as e:   # the pipeline's steps stand without the plain ones
+        out["plain_error"] = str(e)
+        print(f"error in i (plain): {e}", file=sys.stderr, flush=True)
+    out.update(ratio(out.get("pipeline"), out.get("plain"), rates))
+    # Each file's landing and visibility times, per run and step, beside the results (not in them).
+    files = {who: [step.pop("rows", None) for step in (out.get(who) or {}).get("steps", [])]
+             for who in ("pipeline", "plain")}
+    (run_dir / "sustained-files.json").write_text(json.dumps(files, indent=1))
+    return out
+
+
+def sustained_pipeline(args, run_dir: Path, rates: list[int], seconds: float, intervals: str | None) -> dict:
+    """(i) the pipeline's steps: run-all --trigger processing-time on a fresh lakehouse."""
+    from bench.steady import run_steps
+    from tools.generator.events import Params, write_locations
+
+    env, cfg = pipeline_env(run_dir / "lakehouse-sustained", intervals)
+    params = Params.from_config(cfg.generator)
+    write_locations(cfg.locations_csv, params.devices, cfg.silver.min_event_time)
+    cfg.landing.mkdir(parents=True, exist_ok=True)
+    proc, log_file = start_pipeline(env, run_dir / "run-all-sustained.log")
+    try:
+        log(f"(i) run-all --trigger processing-time, steps {', '.join(f'{r:,}' for r in rates)} events/s, "
+            f"{seconds:g} s each, intervals {intervals or 'conf'}")
+        wait_for_gold(proc, cfg, args.startup_timeout, log_file)
+
+        def check():
+            if proc.poll() is not None:
+                raise BenchError(f"run-all exited ({proc.returncode}) during the throughput steps")
+
+        return run_steps(cfg.landing, params, args.seed, rates, seconds, args.throughput_speedup,
+                         lambda landed: file_latencies(cfg, landed, [GOLD[0]]),
+                         ["silver", GOLD[0]], args.throughput_drain_seconds, check, log)
+    finally:
+        stop_pipeline(proc, log_file)
 
 
 def state(session, cfg, span: dict) -> dict:
@@ -413,7 +545,7 @@ def parse_args(argv, prog: str = "python -m bench.run"):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--events", type=int, default=1_000_000, help="events for a, b, c, f, g (default 1M)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b,g (default: all eight; h runs b's run-all and the d, e stream)")
+    p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, e.g. a,b,g (default: all nine; h runs b's run-all and the d, e stream)")
     p.add_argument("--rate", type=int, default=5000, help="(d, e) feed rate, events/s (default 5000)")
     # Issue 16 judges latency and state over at least five minutes of feed.
     p.add_argument("--stream-seconds", type=float, default=300, help="(d, e) how long to feed (default 300)")
@@ -425,6 +557,24 @@ def parse_args(argv, prog: str = "python -m bench.run"):
                    help="(d, e) at most this long for the three jobs to start (default 300)")
     p.add_argument("--interval", help="(d, e) TRIGGER_INTERVAL for every layer, e.g. '1 second' "
                                       "(default: the per-layer intervals in conf)")
+    p.add_argument("--light-rate", type=int, default=LIGHT_RATE,
+                   help=f"(d) the light rate, events/s, at which neither run saturates the cores (default "
+                        f"{LIGHT_RATE}; 0: no light run)")
+    p.add_argument("--light-interval", default=LIGHT_INTERVAL,
+                   help=f"(d) the light run's intervals, for the pipeline and the plain run alike: one "
+                        f"duration for every layer, or 'bronze=...,silver=...,gold=...' (default "
+                        f"{LIGHT_INTERVAL!r})")
+    p.add_argument("--light-seconds", type=float, help="(d) how long to feed the light rate (default: --stream-seconds)")
+    p.add_argument("--throughput-rates", default=THROUGHPUT_RATES,
+                   help=f"(i) the feed's steps, events/s, ascending (default {THROUGHPUT_RATES})")
+    p.add_argument("--throughput-seconds", type=float, default=180,
+                   help="(i) how long each step feeds (default 180: issue 60's 3 minutes)")
+    p.add_argument("--throughput-drain-seconds", type=float, default=120,
+                   help="(i) after each step, at most this long for gold to show every file (default 120)")
+    p.add_argument("--throughput-speedup", type=float, default=120,
+                   help="(i) event-time seconds per second of feed (default 120: (d)'s 10 gold watermarks "
+                        "in 300 s)")
+    p.add_argument("--throughput-interval", help="(i) intervals of both runs, as --light-interval (default: --interval)")
     p.add_argument("--watermark-multiple", type=float, default=10,
                    help="(e) event-time span of the feed, in gold watermarks (default 10)")
     p.add_argument("--keep", action="store_true", help="keep the benchmark lakehouses")
@@ -434,6 +584,14 @@ def parse_args(argv, prog: str = "python -m bench.run"):
         p.error(f"--only takes letters from {','.join(SECTIONS)}, got {args.only!r}")
     if args.events < 100:
         p.error("-n must be at least 100 (the incremental phase appends 1%)")
+    try:
+        from bench.steady import parse_steps
+
+        parse_steps(args.throughput_rates)
+        for spec in (args.interval, args.light_interval, args.throughput_interval):
+            interval_env(spec)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -504,6 +662,19 @@ def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, 
             if "e" in args.sections:
                 result["state"] = phase("e", state, session, scfg, span)
             result.setdefault("empty_batches", {})["stream"] = phase("d,e", empty_batches, session, scfg)
+    if "d" in args.sections and args.light_rate:
+        # The light rate: same feed, seconds and event-time span, the light intervals for both runs.
+        seconds = args.light_seconds or args.stream_seconds
+        light = phase("d light", stream_phase, args, run_dir, args.light_rate, seconds, args.light_interval, "-light")
+        if light:
+            result["latency_light"], span, _ = light
+            result["latency_light"]["plain"] = phase("d light", plain_stream, args, run_dir, span["span_s"],
+                                                     args.light_rate, seconds, args.light_interval, "-light")
+    if "i" in args.sections:
+        result["sustained"] = phase("i", sustained, args, run_dir)
+        if (result["sustained"] or {}).get("plain_error"):
+            errors = result.setdefault("errors", {})
+            errors["i"] = result["sustained"]["plain_error"]
 
 
 def save(result: dict, stamp: str, args, run_dir: Path) -> None:
@@ -517,8 +688,8 @@ def save(result: dict, stamp: str, args, run_dir: Path) -> None:
     base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     base.with_suffix(".md").write_text(summary.markdown(result))
     if not args.keep:
-        for d in ("lakehouse", "lakehouse-baseline", "lakehouse-stream", "lakehouse-baseline-stream"):
-            shutil.rmtree(run_dir / d, ignore_errors=True)
+        for d in run_dir.glob("lakehouse*"):
+            shutil.rmtree(d, ignore_errors=True)
     print()
     print(summary.text_table(result))
     print(f"\nresults: {base}.json, {base}.md (logs in {run_dir})")

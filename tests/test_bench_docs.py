@@ -9,6 +9,7 @@ fails here."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 import bench.run as run
 from bench import docs_page, summary
+from bench.steady import judge_step, sustained
 
 EVENTS = 20_000
 T0 = 1_800_000_000_000        # ms, the fake runs' first trigger
@@ -63,9 +65,20 @@ def fake_run_logged(cmd, env, log_path: Path, marks=()):
     if module == "bench.baseline":
         log_path.write_text('BASELINE {"bronze": 5.0, "silver": 20.0, "gold": 20.0}\n')
         return 50.0, {}
-    if module == "bench.baseline_stream":           # (d): plain landing -> silver on the same feed
-        log_path.write_text('BASELINE_STREAM {"files": 30, "visible": 30, "censored": 0, "p50_s": 1.2, '
-                            '"p95_s": 1.6, "max_s": 1.7, "cores_busy_during_feed": 0.9}\n')
+    if module == "bench.baseline_stream" and "--steps" in cmd:   # (i): the plain run's steps
+        rates = [int(x) for x in cmd[cmd.index("--steps") + 1].split(",")]
+        steps = [synthetic_step(rate, growth=0.0 if rate < 8000 else 0.5) for rate in rates]
+        log_path.write_text("BASELINE_STREAM " + json.dumps({"steps": steps, **sustained(steps)}) + "\n")
+        return 400.0, {}
+    if module == "bench.baseline_stream":           # (d): plain landing -> silver and fresh gold
+        light = "light" in log_path.name
+        fig = lambda p50, p95: {"files": 30, "visible": 30, "censored": 0, "p50_s": p50,  # noqa: E731
+                                "p95_s": p95, "max_s": p95 + 0.1}
+        log_path.write_text("BASELINE_STREAM " + json.dumps(
+            {"silver": fig(1.2, 1.6), "zip_hourly_sightings": fig(2.0, 2.6) if not light else fig(2.5, 4.0),
+             "cores_busy_during_feed": 0.35 if light else 0.9,
+             "others_cpu_share_during_feed": 0.05 if light else None,
+             "own_cpu_share_during_feed": 0.3 if light else None}) + "\n")
         return 60.0, {}
     if module == "bench.recompute":
         log_path.write_text('RECOMPUTE {"bronze": 10.0, "silver": 20.0, "gold": 30.0}\n')
@@ -79,21 +92,42 @@ def fake_generate(env, run_dir, n, seed, extra=()):
     return {"records": n // 2, "events": n, "span_s": 6 * 3600.0}
 
 
-def fake_stream_phase(args, run_dir):
-    """(d): landing -> gold latencies of 30 files, through the bench's own percentiles."""
+def synthetic_step(rate: int, growth: float, start: float = 1000.0, seconds: float = 60.0) -> dict:
+    """One throughput step of 60 files judged by bench.steady: latency 3 s for silver and 5 s for
+    gold, plus `growth` seconds per second of landing time (0: kept up with)."""
+    rows = [{"landed": start + i, "silver": 3.0 + growth * i, "zip_hourly_sightings": 5.0 + growth * i}
+            for i in range(int(seconds))]
+    step = judge_step(rows, ["silver", "zip_hourly_sightings"], start, start + seconds - 1,
+                      start + seconds + 5 + growth * seconds * 2)
+    step.update({"rate": rate, "seconds": seconds, "files": len(rows), "fed_events_per_s": rate,
+                 "cores_busy_during_feed": min(1.0, rate / 5000), "drained": True, "drain_s": 5.0})
+    return step
+
+
+def fake_sustained_pipeline(args, run_dir, rates, seconds, intervals):
+    """(i): the pipeline keeps up with 1,000 and 2,000 events/s, not with 4,000."""
+    steps = [synthetic_step(rate, growth=0.0 if rate < 3000 else 0.5) for rate in rates[:3]]
+    return {"steps": steps, **sustained(steps)}
+
+
+def fake_stream_phase(args, run_dir, rate=None, seconds=None, intervals=None, tag=""):
+    """(d): landing -> gold latencies of 30 files, through the bench's own percentiles; the light
+    rate's are lower."""
     from bench.latency import summarize
     from common.config import load_config
 
-    rows = [{"landed": 100.0 + i, "bronze": 1.0, "silver": 2.0, "zip_hourly_sightings": 3.0 + i / 10,
+    light = 0.5 if tag else 1.0
+    rows = [{"landed": 100.0 + i, "bronze": 1.0, "silver": 2.0 * light, "zip_hourly_sightings": (3.0 + i / 10) * light,
              "device_activity": 3.5, "device_sessions": 4.0 + i / 10} for i in range(30)]
     for r in rows:
         r["max_over_gold"] = max(r[t] for t in run.GOLD)
-    latency = {"rate_events_per_s": args.rate, "fed_events_per_s": args.rate, "interval": "conf",
+    rate = rate or args.rate
+    latency = {"rate_events_per_s": rate, "fed_events_per_s": rate, "interval": intervals or "conf",
                "files": len(rows), "warmup_s": 0, "drained": True,
                "zip_hourly_sightings": summarize(rows, "zip_hourly_sightings", 200.0),
                "max_over_gold": summarize(rows, "max_over_gold", 200.0),
                "silver": summarize(rows, "silver", 200.0),
-               "stages_p50_s": {}, "cores_busy_during_feed": 0.97}
+               "stages_p50_s": {}, "cores_busy_during_feed": 0.4 if tag else 0.97}
     return latency, {"span_s": 8 * 3600, "multiple": 10}, load_config(env=run.base_env(run_dir / "s"))
 
 
@@ -108,6 +142,7 @@ def stand_in_for_the_outside(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "run_logged", fake_run_logged)
     monkeypatch.setattr(run, "generate", fake_generate)
     monkeypatch.setattr(run, "stream_phase", fake_stream_phase)
+    monkeypatch.setattr(run, "sustained_pipeline", fake_sustained_pipeline)
     monkeypatch.setattr(run, "OUT", tmp_path / "bench-results")
     monkeypatch.setattr(docs_page, "DOCS", tmp_path / "docs" / "benchmark.md")
 
@@ -130,16 +165,39 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert record["quality"]["silver_share"] == 0.11
     assert record["incremental"]["ratio_wall"] == 0.5                               # 40 s / 80 s
     assert record["baseline"]["run_all_over_baseline"] == 2.0                       # 100 s / 50 s
-    assert "200 events/s (100.0 s) = 0.009x ceiling" in page
+    # (b) against (g): run-all's rate over the plain baseline's; the ceiling only as information.
+    assert "200 events/s (100.0 s) = 0.5x plain Structured Streaming's rate (g); 0.009x the ceiling (a)" in page
     assert "11.0% (2.2 s of 20.0 s)" in page
     assert "40.0 s vs 80.0 s = 0.5x" in page
     assert "run-all 100.0 s / baseline 50.0 s = 2.0x" in page
-    assert f"p95 {record['latency']['zip_hourly_sightings']['p95_s']} s" in page
-    assert "the cores were 97% busy during the feed" in page
-    # Beside it, plain Structured Streaming's landing -> silver on the same feed (its own process).
-    assert record["latency"]["plain"]["p95_s"] == 1.6
-    assert ("landing -> silver: p50 2.0 s, p95 2.0 s, plain Structured Streaming on the same feed "
-            "p50 1.2 s, p95 1.6 s (30/30 files, cores 90% busy)") in page
+    # (d) at both rates, each beside plain Structured Streaming's silver and fresh gold on the same feed.
+    heavy, light = record["latency"], record["latency_light"]
+    assert heavy["rate_events_per_s"] == 5000 and light["rate_events_per_s"] == run.LIGHT_RATE
+    assert light["interval"] == run.LIGHT_INTERVAL
+    assert heavy["plain"]["zip_hourly_sightings"]["p95_s"] == 2.6 and light["plain"]["silver"]["p95_s"] == 1.6
+    gold_p95 = heavy["zip_hourly_sightings"]["p95_s"]
+    x = summary.latency_ratios(heavy)
+    assert x == {"silver_p50": 1.67, "silver_p95": 1.25, "gold_p50": round(heavy["zip_hourly_sightings"]["p50_s"] / 2.0, 2),
+                 "gold_p95": round(gold_p95 / 2.6, 2)} and x["gold_p95"] > 1.3
+    assert summary.latency_ratios(light)["gold_p95"] == round(light["zip_hourly_sightings"]["p95_s"] / 4.0, 2)
+    assert "(d) latency at 5,000 events/s (heavy)" in page and f"(d) latency at {run.LIGHT_RATE:,} events/s (light)" in page
+    assert f"landing -> gold.zip_hourly_sightings p50 {heavy['zip_hourly_sightings']['p50_s']} s" in page
+    assert "cores 97% busy during the feed" in page and "cores 40% busy during the feed" in page
+    assert "landing -> fresh gold p50 2.0 s, p95 2.6 s; cores 90% busy during the feed" in page
+    assert f"Pipeline / plain p95: silver 1.25x, gold {x['gold_p95']}x" in page
+    assert "| p95 <= 1.3x plain: silver met, gold MISSED |" in page
+    assert "cores 35% busy during the feed (this run 30%, others 5%)" in page    # a shared machine
+    line = summary.summary_line(record)
+    assert (f"latency at 5,000 ev/s p95 pipeline/plain: silver 2.0/1.6 s = 1.25x (met), gold {gold_p95}/2.6 s = "
+            f"{x['gold_p95']}x (MISSED), cores 97%/90%") in line
+    # (i): the pipeline kept up with 1,000 and 2,000 events/s, the plain run up to 4,000.
+    su = record["sustained"]
+    assert su["pipeline"]["max_rate"] == 2000 and su["plain"]["max_rate"] == 4000
+    assert [st["keeps_up"] for st in su["pipeline"]["steps"]] == [True, True, False]
+    assert su["ratio"] == 0.5 and su.get("bound") is None
+    assert "pipeline 2,000 events/s; steps: 1,000 kept up" in page and "4,000 fell behind" in page
+    assert "Plain Structured Streaming 4,000 events/s" in page and "Pipeline / plain: 0.5x" in page
+    assert "sustained 2,000/4,000 ev/s pipeline/plain = 0.5x (MISSED)" in line
     # Each layer's processing span: first trigger to last batch end.
     assert "2,500 events/s processing (8.0 s)" in page           # bronze
     assert "870 events/s processing (23.0 s)" in page            # silver
@@ -147,14 +205,15 @@ def test_bench_rewrites_the_docs_page_with_every_figure_and_mark(bench_run):
     assert "None" not in page
     # Every row of the bench's own table, with its mark, is in the page's table.
     rows = summary.rows(record)
-    assert {r[0][:3] for r in rows} == {f"({x})" for x in "abcdefgh"}
+    assert {r[0][:3] for r in rows} == {f"({x})" for x in "abcdefghi"}
     assert "gold 1.5 s (2), silver 0.4 s (1)" in page
     for figure, value, target in rows:
         assert f"| {figure} | {value} | {target} |" in page
     # Each target's verdict: these numbers meet some and miss others.
     v = summary.verdicts(record)
-    assert v == {"end_to_end": False, "incremental": False, "latency": True, "state": True,
-                 "quality": False, "baseline": False, "empty": False}   # p95 5-10 s; 11% > 10%; 1.5 s > 1 s
+    assert v == {"incremental": False, "latency_silver": True, "latency_gold": False, "state": True,
+                 "quality": False, "baseline": False, "empty": False,   # 11% > 10%; 1.5 s > 1 s
+                 "sustained": False}                                     # 0.5x < 0.8x
     for key, met in v.items():
         assert f"{summary.TARGETS[key]}: **{'met' if met else 'MISSED'}**" in page
     assert summary.summary_line(record) in page
@@ -203,7 +262,7 @@ def test_a_run_without_the_ceiling_gives_its_rate_alone(bench_run):
     record["throughput"]["end_to_end_vs_ceiling"] = None
     line = summary.summary_line(record)
     assert "ceiling -" in line and "None" not in line
-    assert f"end-to-end {summary._n(record['throughput']['end_to_end_events_per_s'])} ev/s (" in line
+    assert f"end-to-end {summary._n(record['throughput']['end_to_end_events_per_s'])} ev/s = 0.5x plain (g) |" in line
 
 
 def test_no_watermark_only_batch_is_a_missed_figure_not_a_free_pass(bench_run):
@@ -236,13 +295,29 @@ def test_the_machine_busy_share_comes_from_proc_stat_with_idle_and_iowait_not_bu
     assert 0 <= busy <= total
 
 
+def test_a_run_s_own_cpu_is_counted_apart_from_others():
+    """What the measured run used, apart from what other processes took of the cores."""
+    import time
+
+    from bench.contention import OtherCpu, cpu_share
+
+    with OtherCpu(interval=0.2) as cpu:
+        t = time.process_time()
+        while time.process_time() - t < 0.4:       # this process is the run: 0.4 s of CPU
+            pass
+        time.sleep(0.3)
+    assert 0.3 <= cpu.own_seconds() <= 1.5
+    assert cpu_share(cpu.own_seconds(), 1.0) == round(cpu.own_seconds() / os.cpu_count(), 3)
+    assert cpu_share(None, 1.0) is None and cpu_share(1.0, 0) is None
+
+
 def test_only_takes_every_figure_the_help_lists():
     letters = [line.split()[0] for line in run.__doc__.splitlines()
                if len(line) > 4 and line[:2] == "  " and line[2].isalpha() and line[3:5] == "  "]
-    assert "".join(letters) == run.SECTIONS == "abcdefgh"
+    assert "".join(letters) == run.SECTIONS == "abcdefghi"
     assert run.parse_args(["--only", ",".join(letters)]).sections == set(letters)
     with pytest.raises(SystemExit):
-        run.parse_args(["--only", "i"])
+        run.parse_args(["--only", "j"])
 
 
 def test_only_h_runs_the_two_runs_it_times(tmp_path, monkeypatch):
@@ -257,3 +332,99 @@ def test_only_h_runs_the_two_runs_it_times(tmp_path, monkeypatch):
     assert "latency" not in record and "state" not in record
     (h,) = [r for r in summary.rows(record) if r[0].startswith("(h)")]
     assert "gold 1.5 s (2), silver 0.4 s (1)" in h[1]
+
+
+def test_a_record_from_before_issue_60_still_renders(bench_run):
+    """Saved results keep their shape: the plain run's silver figures at the top of `plain`, no
+    fresh gold, no light rate, no (i): the page shows what they hold and marks the rest."""
+    record, _, _ = bench_run
+    record = json.loads(json.dumps(record))
+    record["latency"]["plain"] = {"files": 30, "visible": 30, "censored": 0, "p50_s": 1.2, "p95_s": 1.6,
+                                  "max_s": 1.7, "cores_busy_during_feed": 0.9}
+    for key in ("latency_light", "sustained"):
+        record.pop(key)
+    x = summary.latency_ratios(record["latency"])
+    assert x["silver_p95"] == 1.25 and x["gold_p95"] is None
+    v = summary.verdicts(record)
+    assert v["latency_silver"] is True and v["latency_gold"] is None and v["sustained"] is None
+    page = docs_page.render(record, "old.json")
+    assert "not timed (a run from before the fresh gold)" in page and "None" not in page
+    assert "gold -x" not in summary.summary_line(record)
+
+
+def step_rows(latency, seconds: int = 90, start: float = 0.0, layer: str = "zip_hourly_sightings"):
+    """One file a second; latency(i) seconds to the layer (None: not visible)."""
+    return [{"landed": start + i, layer: latency(i)} for i in range(seconds)]
+
+
+def test_steady_state_keeps_up_and_growth_falls_behind():
+    """bench/steady.py's definition on synthetic steps: a flat latency (with a batch sawtooth) keeps
+    up; a latency growing 0.2 s per second, or a file never visible, does not."""
+    from bench import steady
+
+    layer = "zip_hourly_sightings"
+    flat = step_rows(lambda i: 8.0 + (10 - i % 10))         # batches every 10 s: 8-18 s of latency
+    j = steady.judge_layer(flat, layer, 0.0, 89.0, 120.0)
+    assert j["keeps_up"] is True and not j["backlog_growing"] and not j["latency_growing"]
+    assert 8 <= j["backlog_early"] <= 18 and abs(j["latency_late_s"] - j["latency_early_s"]) < 2
+    growing = step_rows(lambda i: 5.0 + 0.2 * i)
+    g = steady.judge_layer(growing, layer, 0.0, 89.0, 200.0)
+    assert g["latency_growing"] and g["backlog_growing"] and g["keeps_up"] is False
+    # Small figures move by more than 25% with one batch: the floors keep that from failing a step.
+    small = step_rows(lambda i: 1.0 + (i % 4 == 0) * 1.5)
+    assert steady.judge_layer(small, layer, 0.0, 89.0, 120.0)["keeps_up"] is True
+    # A file still waiting at the end of the drain counts with its wait: the step is not kept up with.
+    stuck = step_rows(lambda i: None if i == 80 else 5.0)
+    s = steady.judge_layer(stuck, layer, 0.0, 89.0, 150.0)
+    assert s["visible"] == 89 and s["keeps_up"] is False
+    # Too few commits after the warm-up to compare two against two: not judged, and the steps stop.
+    assert steady.judge_layer(step_rows(lambda i: 1.0, seconds=2), layer, 0.0, 1.0, 5.0)["keeps_up"] is None
+    slow = step_rows(lambda i: 60.0 + (30 - i % 30))        # a batch every 30 s, 60-90 s behind
+    assert steady.judge_layer(slow, layer, 0.0, 89.0, 200.0)["keeps_up"] is None
+    # Batches of uneven length move the oldest wait of a commit by up to a batch: not growth.
+    commits = [10, 20, 30, 36, 42, 48, 54, 68, 82, 96]       # 6-s batches, then 14-s ones
+    uneven = step_rows(lambda i: next(c for c in commits if c >= i + 4) - i)
+    u = steady.judge_layer(uneven, layer, 0.0, 89.0, 120.0)
+    assert u["latency_late_s"] > 1.25 * u["latency_early_s"] and u["keeps_up"] is True
+    assert u["commit_gap_s"] == 6 and u["latency_late_s"] - u["latency_early_s"] < 6
+
+
+def test_sustained_rate_and_ratio_from_the_steps():
+    from bench import steady
+
+    ok, behind = {"keeps_up": True}, {"keeps_up": False}
+    assert steady.sustained([{**ok, "rate": 1000}, {**ok, "rate": 2000}, {**behind, "rate": 4000}]) == \
+        {"max_rate": 2000, "kept_up_with_all": False}
+    assert steady.sustained([{**behind, "rate": 1000}]) == {"max_rate": None, "kept_up_with_all": False}
+    every = steady.sustained([{**ok, "rate": 1000}, {**ok, "rate": 2000}])
+    assert every == {"max_rate": 2000, "kept_up_with_all": True}
+    exact = {"max_rate": 2000, "kept_up_with_all": False}
+    rates = [1000, 2000, 4000]
+    assert steady.ratio(exact, {"max_rate": 4000, "kept_up_with_all": False}, rates) == {"ratio": 0.5, "bound": None}
+    assert steady.ratio(every, every, rates)["ratio"] is None
+    assert steady.ratio(exact, {"max_rate": None, "kept_up_with_all": False}, rates)["ratio"] is None
+    assert steady.ratio({"max_rate": None}, exact, rates)["ratio"] == 0.0
+    # Verdicts where the steps bound the ratio from one side only.
+    assert summary.sustained_verdict({"ratio": 1.0, "bound": "at least"}) is True
+    assert summary.sustained_verdict({"ratio": 0.5, "bound": "at most"}) is False
+    assert summary.sustained_verdict({"ratio": 0.9, "bound": "at most"}) is None
+    assert summary.sustained_verdict({"ratio": 0.8}) is True and summary.sustained_verdict({"ratio": None}) is None
+    assert steady.parse_steps("1000, 2000,4000") == [1000, 2000, 4000]
+    for bad in ("", "2000,1000", "0,1000", "1000,1000"):
+        with pytest.raises(ValueError):
+            steady.parse_steps(bad)
+
+
+def test_the_same_intervals_reach_both_runs_through_the_environment():
+    assert run.interval_env(None) == {}
+    assert run.interval_env("10 seconds") == {"TRIGGER_INTERVAL": "10 seconds"}
+    assert run.interval_env("bronze=10 seconds, gold=5 seconds") == {
+        "LAKEHOUSE__STREAMING__BRONZE_INTERVAL": "10 seconds", "LAKEHOUSE__STREAMING__GOLD_INTERVAL": "5 seconds"}
+    for bad in ("soon", "platinum=1 second", "gold=soon"):
+        with pytest.raises(ValueError):
+            run.interval_env(bad)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--light-interval", "gold=soon"])
+    args = run.parse_args(["--only", "d,i", "--light-rate", "300", "--throughput-rates", "500,1000",
+                           "--throughput-seconds", "40"])
+    assert args.sections == {"d", "i"} and args.light_rate == 300 and args.throughput_seconds == 40
