@@ -233,7 +233,7 @@ report: $(READY) ## PNG charts + index.html from ops.query_progress, dq_results,
 	@$(PY) -m tools.report
 
 dq-docs: $(READY) ## Great Expectations Data Docs of the recorded gate results, <paths.reports>/dq-docs (LAST=N batches per query, LAYER=, SUITE=)
-	@$(PY) -m tools.dq_docs $(if $(LAST),--last $(LAST)) $(if $(LAYER),--layer $(LAYER)) $(if $(SUITE),--suite $(SUITE))
+	@$(PY) -m pipeline.dq_docs $(if $(LAST),--last $(LAST)) $(if $(LAYER),--layer $(LAYER)) $(if $(SUITE),--suite $(SUITE))
 
 maintain: $(READY) ## Compact (OPTIMIZE) and VACUUM every table, drop ops rows past retention; safe beside running queries (TABLE=<name>, JSON=1)
 	@$(PY) -m pipeline.maintenance $(if $(TABLE),--table $(TABLE)) $(if $(JSON),--json)

@@ -159,10 +159,11 @@ def test_a_gold_suite_page_lists_the_rules_its_gate_derived_from_the_tables_cons
 
     from common.config import load_config
     from gold.constraints import gate_suites
+    from pipeline.dq_docs import constraint_checks
     from gold.tables import for_config
 
     cfg = load_config(env={})
-    derived = dq_docs.constraint_checks(cfg)
+    derived = constraint_checks(cfg)
     for table in ("gold.device_sessions", "gold.zip_hourly_sightings"):
         declared = load_suites(cfg.gold.expectations)[table]
         gate = gate_suites(for_config(cfg), {table: declared})[table]

@@ -115,21 +115,6 @@ def conf_suites(cfg) -> dict[tuple[str, str], object]:
     return out
 
 
-def constraint_checks(cfg) -> dict[str, object]:
-    """The rule name each gold table constraint's derived rule takes -> the constraint
-    (gold.constraints.Check): what a suite page notes beside a derived rule. A name says its
-    CHECK (`window_end_after_window_start`: `window_end` > `window_start`), whatever the table."""
-    from gold.constraints import DERIVED
-    from gold.tables import for_config
-
-    try:
-        tables = for_config(cfg)
-    except JobError as e:      # the recorded configurations still render, without the notes
-        print(f"warning: {e}; the gold constraints' rules are not described", file=sys.stderr)
-        return {}
-    return {DERIVED + c.name: c for t in tables for c in t.checks()}
-
-
 def expectation_result(row, rule):
     """The GX ExpectationValidationResult of one dq_results row: its result_json, or for a row
     recorded before that column existed, one made from its columns and the conf rule of that
@@ -182,7 +167,7 @@ def gx_suite(name: str, declared, recorded: list, derived: dict | None = None):
     rules its gate ran that the file does not hold (a gold table's constraints no rule of the
     suite covers: the gate derives a rule from each, gold/constraints.py), as last recorded;
     else the expectations as last recorded. `recorded`: (dq_results row, GX result) pairs;
-    `derived`: the constraints by their derived rule's name (constraint_checks), which the note
+    `derived`: the constraints by their derived rule's name (pipeline/dq_docs.py), which the note
     of such a rule names, with the column of the gate's view it checks, if it checks one."""
     import great_expectations as gx
 
@@ -216,7 +201,7 @@ def _derived_note(check, config) -> str:
 
 def build_docs(runs: list[Run], suites: dict, site_dir: Path, derived: dict | None = None) -> dict:
     """Render the runs as a GX Data Docs site in site_dir; returns counts of what it holds.
-    `derived`: what the notes of gold's derived constraint rules name (constraint_checks)."""
+    `derived`: what the notes of gold's derived constraint rules name (pipeline/dq_docs.py)."""
     import great_expectations as gx
     from great_expectations.data_context.types.resource_identifiers import (
         ExpectationSuiteIdentifier, ValidationResultIdentifier)
@@ -275,7 +260,9 @@ def publish(site: Path, target) -> None:
 
 
 @command
-def main(argv=None, prog: str = "python -m tools.dq_docs", *, spark=None, cfg=None) -> int:
+def main(argv=None, prog: str = "python -m tools.dq_docs", *, spark=None, cfg=None, derived=None) -> int:
+    """`derived`: the gold constraints by their derived rule's name (pipeline/dq_docs.py), which
+    the suite pages note; without it those rules are listed as run, unexplained."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--last", type=int, default=DEFAULT_LAST, metavar="N",
@@ -304,7 +291,7 @@ def main(argv=None, prog: str = "python -m tools.dq_docs", *, spark=None, cfg=No
     with tempfile.TemporaryDirectory(prefix=".dq-docs-", dir=staging_root) as tmp:
         site = Path(tmp) / "site"
         try:
-            counts = build_docs(runs, conf_suites(cfg), site, constraint_checks(cfg))
+            counts = build_docs(runs, conf_suites(cfg), site, derived)
         except RenderError as e:     # the previous site stays as it was
             print(f"error: {e}", file=sys.stderr)
             return 1
