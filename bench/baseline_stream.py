@@ -46,7 +46,7 @@ import time
 from pyspark.sql import functions as F
 
 from bench.baseline import gold, run, silver
-from bench.contention import OtherCpu, busy_share, cpu_share, cpu_ticks
+from bench.contention import feed_measured
 from bench.feeder import Feeder, stream_params
 from bench.latency import delta_commits, summarize
 from common.config import load_config
@@ -206,21 +206,15 @@ def check(queries) -> None:
 def latency(args, cfg, params, queries, visible) -> dict:
     """(d): one feed at --rate, then until every file is in the fresh gold (or --drain-seconds)."""
     feeder = Feeder(cfg.landing, params, args.seed, args.rate, args.seconds)
-    with OtherCpu() as cpu:    # a shared machine: what others took, and what the run used
-        feeder.start()
-        ticks = cpu_ticks()
-        feeder.join()
-        busy = busy_share(ticks, cpu_ticks())
-        fed = feeder.finished_at - feeder.started_at
-        others, own = cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)
-        deadline = time.time() + args.drain_seconds
-        while True:
-            check(queries)
-            rows = visible(feeder.landed)
-            observed_until = time.time()
-            if all(r[FRESH] is not None for r in rows) or observed_until > deadline:
-                break
-            time.sleep(2)
+    busy, others, own = feed_measured(feeder)
+    deadline = time.time() + args.drain_seconds
+    while True:
+        check(queries)
+        rows = visible(feeder.landed)
+        observed_until = time.time()
+        if all(r[FRESH] is not None for r in rows) or observed_until > deadline:
+            break
+        time.sleep(2)
     warm = feeder.started_at + args.warmup_seconds
     measured = [r for r in rows if r["landed"] >= warm]
     return {"rate_events_per_s": args.rate, **{layer: summarize(measured, layer, observed_until) for layer in LAYERS},

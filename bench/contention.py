@@ -124,3 +124,15 @@ def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) ->
     if before is None or after is None or after[1] <= before[1]:
         return None
     return round((after[0] - before[0]) / (after[1] - before[1]), 3)
+
+
+def feed_measured(feeder) -> tuple[float | None, float | None, float | None]:
+    """Run `feeder` (a Feeder not yet started) to its end; returns the cores' busy share over the
+    feed, and the shares of them other processes and this run took (the machine may be shared)."""
+    with OtherCpu() as cpu:
+        feeder.start()
+        ticks = cpu_ticks()
+        feeder.join()
+        busy = busy_share(ticks, cpu_ticks())
+        fed = feeder.finished_at - feeder.started_at
+        return busy, cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)

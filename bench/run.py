@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import docs_page, summary
-from bench.contention import OtherCpu, busy_share, cpu_share, cpu_ticks
+from bench.contention import OtherCpu, feed_measured
 from bench.latency import file_latencies, summarize
 from common.errors import LakehouseError
 from common.log import message_of, parseable_env
@@ -364,22 +364,16 @@ def stream_phase(args, run_dir: Path, rate: int | None = None, seconds: float | 
     proc, log_file = start_pipeline(env, run_dir / f"run-all-stream{tag}.log")
     try:
         wait_for_gold(proc, cfg, args.startup_timeout, log_file)
-        with OtherCpu() as cpu:    # a shared machine: what others took, and what the run used
-            feeder.start()
-            ticks_at_start = cpu_ticks()
-            feeder.join()
-            busy = busy_share(ticks_at_start, cpu_ticks())
-            fed = feeder.finished_at - feeder.started_at
-            others, own = cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)
-            log(f"(d) feed done; the cores were {busy:.0%} busy (others {others:.0%}, this run {own:.0%}); "
-                f"waiting for gold to catch up" if None not in (busy, others, own) else "(d) feed done; waiting for gold")
+        busy, others, own = feed_measured(feeder)
+        log(f"(d) feed done; the cores were {busy:.0%} busy (others {others:.0%}, this run {own:.0%}); "
+            f"waiting for gold to catch up" if None not in (busy, others, own) else "(d) feed done; waiting for gold")
 
-            def caught_up():
-                rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
-                return bool(rows) and all(r[GOLD[0]] is not None for r in rows)
+        def caught_up():
+            rows = file_latencies(cfg, dict(feeder.landed), [GOLD[0]])
+            return bool(rows) and all(r[GOLD[0]] is not None for r in rows)
 
-            drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
-            observed_until = time.time()
+        drained = _wait(caught_up, args.drain_seconds, proc, "gold to catch up")
+        observed_until = time.time()
     finally:
         stop_pipeline(proc, log_file)
     rows = file_latencies(cfg, feeder.landed, list(GOLD))

@@ -163,7 +163,7 @@ def run_steps(landing, params, seed: int, rates: list[int], seconds: float, spee
     """Feed the steps one after another into `landing` (see the module's docstring) and judge
     each; `visibility(landed)` -> one row per landed file with each layer's latency (None: not
     visible yet); `check()` raises when the run under test died."""
-    from bench.contention import OtherCpu, busy_share, cpu_share, cpu_ticks
+    from bench.contention import feed_measured
     from bench.feeder import Feeder
     out, start_ms = [], params.start_ms
     for k, rate in enumerate(rates):
@@ -173,21 +173,15 @@ def run_steps(landing, params, seed: int, rates: list[int], seconds: float, spee
         start_ms += round(span * 1000)
         check()
         log(f"(i) step {k + 1}/{len(rates)}: {rate:,} events/s for {seconds:g} s")
-        with OtherCpu() as cpu:    # a shared machine: what others took, and what the run used
-            feeder.start()
-            ticks = cpu_ticks()
-            feeder.join()
-            busy = busy_share(ticks, cpu_ticks())
-            fed = feeder.finished_at - feeder.started_at
-            others, own = cpu_share(cpu.seconds_so_far(), fed), cpu_share(cpu.own_seconds(), fed)
-            deadline = time.time() + drain_s
-            while True:
-                check()
-                rows = visibility(dict(feeder.landed))
-                observed_until = time.time()
-                if all(r[layers[-1]] is not None for r in rows) or observed_until > deadline:
-                    break
-                time.sleep(2)
+        busy, others, own = feed_measured(feeder)
+        deadline = time.time() + drain_s
+        while True:
+            check()
+            rows = visibility(dict(feeder.landed))
+            observed_until = time.time()
+            if all(r[layers[-1]] is not None for r in rows) or observed_until > deadline:
+                break
+            time.sleep(2)
         step = judge_step(rows, layers, feeder.started_at, feeder.finished_at, observed_until)
         last = [r["landed"] + r[layers[-1]] for r in rows if r[layers[-1]] is not None]
         drained = len(last) == len(rows)
