@@ -183,12 +183,10 @@ class GoldBatch(MicroBatch):
         # are timeouts, whose values the table holds already. (A selection of the stateful
         # table alone hands over no events: there only the offset log can tell.)
         if (self.folding and not seen["events"]) or read_nothing(self.checkpoint, ctx.batch_id):
-            # What its watermark passed is marked closed in place in every table (the sessions it
-            # timed out, the windows it made final), so nothing stays open waiting for events
-            # that may never come. Only flags change: an UPDATE per table, no fold, no gate,
-            # nothing counted as written (sinks.outputs).
             # The batch before closed up to its closing watermark, which is the one Spark gives
-            # this batch: then there is nothing left to close, and the batch writes nothing.
+            # this batch: nothing is left to close, and the batch writes nothing. Only the first
+            # such batch of a start closes in place what an earlier run left open behind it:
+            # flags alone, an UPDATE per table, no fold, no gate, nothing counted as written.
             if self.closed is not None and closes <= self.closed:
                 return Result(kept, dict(rows_written=0))
             self.closed = closes
