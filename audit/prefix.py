@@ -403,7 +403,7 @@ class Backfilled:
 
 
 def backfilled(spark, cfg, history: list[Version], at_version: dict) -> list[Backfilled]:
-    from gold.late import TABLE
+    from common.late import TABLE
 
     found = [(v.version, v.backfill) for v in history if v.backfill]
     if not found:

@@ -15,7 +15,7 @@ def writers(cfg: Config) -> dict[str, tuple[str, ...]]:
             f"silver.{cfg.silver_table}": ("silver",),
             "silver.quarantine": ("silver",),
             **{f"gold.{t}": ("gold",) for t in cfg.tables["gold"]},
-            "silver.late_events": ("gold",)}         # the late events gold keeps (gold/late.py)
+            "silver.late_events": ("silver", "gold")}   # the late events they keep (common/late.py)
 
 
 def stream_readers(cfg: Config) -> dict[str, tuple[str, ...]]:

@@ -53,15 +53,19 @@ def observed(progress: dict, name: str) -> dict:
     return seen.asDict() if hasattr(seen, "asDict") else dict(seen)
 
 
+def active_query(spark, query_name: str):
+    found = [q for q in spark.streams.active if q.name == query_name]
+    if len(found) != 1:
+        raise AccountingError(f"{len(found)} active queries named {query_name!r}, expected 1")
+    return found[0]
+
+
 def running_batch(spark, query_name: str, batch_id: int) -> dict:
     """The running batch's metrics, shaped like its future progress report (stateOperators,
     observedMetrics, durationMs.triggerExecution so far). Call it from foreachBatch after the
     batch DataFrame has been evaluated in full: the metrics are Spark's own SQL metrics of the
     batch's executed plan, the ones the progress report will be built from."""
-    found = [q for q in spark.streams.active if q.name == query_name]
-    if len(found) != 1:
-        raise AccountingError(f"{len(found)} active queries named {query_name!r}, expected 1")
-    execution = running_execution(spark, found[0])
+    execution = running_execution(spark, active_query(spark, query_name))
     if execution.batch_id != batch_id:
         raise AccountingError(f"{query_name}: execution context is batch {execution.batch_id}, "
                               f"foreachBatch got {batch_id}")
@@ -89,6 +93,11 @@ class Accounting:
         counts = {**written, **self.from_progress(progress)}
         counts["batch_ms"] = progress["durationMs"]["triggerExecution"]
         self._write(query_name, batch_id, counts, lineage, replay)
+
+    def late_dropped(self, query_name: str, batch_id: int) -> int:
+        """Rows Spark's stateful operators have dropped as late in the running batch so far (all
+        of them once the batch has been evaluated)."""
+        return state_drops(running_batch(self.spark, query_name, batch_id))["late_dropped"]
 
     def _write(self, query_name: str, batch_id: int, counts: dict, lineage: dict | None,
                replay: bool = True) -> None:

@@ -138,6 +138,7 @@ class CheckpointLocks:
     def __init__(self, cfg: Config, queries):
         o = cfg.object_store
         self.locks = []
+        queries = list(queries)
         for q in queries:
             checkpoint = location(cfg.checkpoint(q))
             if isinstance(checkpoint, ObjectPath):
@@ -146,6 +147,7 @@ class CheckpointLocks:
             else:
                 self.locks.append(_FileLock(checkpoint.with_name(f"{q}.lock")))
         self.leases = [lock for lock in self.locks if isinstance(lock, _Lease)]
+        self.by_query = dict(zip(queries, self.locks))
         self._stop = threading.Event()
         self._renewer = None
 
@@ -171,6 +173,14 @@ class CheckpointLocks:
                     log.error(str(e))
                 except Exception as e:  # the store may be briefly unreachable: try again next period
                     log.warning(f"renewing {lease.path} failed ({e}); retrying in {period:.0f} s")
+
+    def lend(self, query: str) -> None:
+        """Let go of one query's checkpoint while the others stay held (pipeline/handover.py)."""
+        self.by_query[query].release()
+
+    def take_back(self, query: str) -> None:
+        """Hold it again; CheckpointBusy while another process still does."""
+        self.by_query[query].acquire()
 
     def __exit__(self, *exc):
         self._stop.set()

@@ -25,7 +25,7 @@ DEFAULT_CONF = REPO_ROOT / "conf" / "lakehouse.yaml"
 LAYERS = ("bronze", "silver", "gold", "ops")
 # Tables every profile has; the profile names its silver event table, its dimension and gold tables.
 BRONZE_TABLES = ("events",)
-SILVER_TABLES = ("quarantine", "late_events")   # late_events: gold/late.py
+SILVER_TABLES = ("quarantine", "late_events")   # late_events: common/late.py
 OPS_TABLES = ("dq_results", "batch_accounting", "query_progress", "new_fields")
 
 # Short names users already know, mapped onto config keys.

@@ -138,6 +138,39 @@ def running_execution(spark, query) -> Execution:
     return Execution(int(context.batchId()), int(context.currentTriggerStartTimestamp()), operators, seen)
 
 
+_FILE_SCAN = "org.apache.spark.sql.execution.FileSourceScanExec"
+
+
+def running_input(spark, query) -> tuple:
+    """(input, watermark) of the micro-batch a query is running: the rows it read from its one
+    file-based source (a Delta source's files of this batch) as a batch DataFrame of their own,
+    and the watermark in ms its stateful operator dropped late rows by (None: no such operator,
+    or the plan does not scan exactly one source). Rows the operator dropped are gone from the
+    batch's own DataFrame; these are what they were dropped from, and which of them it dropped.
+    This reads the executed plan: its FileSourceScanExec, whose relation's file index lists the
+    batch's files only, and its StateStoreWriter's eventTimeWatermarkForLateEvents (classes by
+    name; Spark takes that watermark from the previous batch, or from the batch itself when it is
+    the first of a run)."""
+    from pyspark.sql import DataFrame
+
+    plan = query._jsq.streamingQuery().getLatestExecutionContext().executionPlan().executedPlan()
+    scan, writer = (spark._jvm.java.lang.Class.forName(c) for c in (_FILE_SCAN, _STATE_WRITER))
+    scans, marks, pending = [], [], [plan]
+    while pending:
+        node = pending.pop()
+        if scan.isInstance(node):
+            scans.append(node)
+        elif writer.isInstance(node):
+            mark = node.eventTimeWatermarkForLateEvents()
+            if mark.isDefined():
+                marks.append(int(mark.get()))
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    if len(scans) != 1 or len(set(marks)) != 1:
+        return None, None
+    return DataFrame(spark._jsparkSession.baseRelationToDataFrame(scans[0].relation()), spark), marks[0]
+
+
 # --- Delta's cached snapshot -----------------------------------------------------------------
 
 def _snapshot(spark, path: str):

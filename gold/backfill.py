@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 
 from common.errors import JobError, command
 from common.lineage import closes_ms
-from gold import late
+from common import late
 from gold.kinds import CLOSING, EVENT, LITERAL_TS, GoldTable
 
 BACKFILL = "backfill"        # the lineage key of a backfill's commits: {"id", "events"}
@@ -46,6 +46,7 @@ class Outcome:
     events: int = 0                                    # late events folded in
     resumed: list[str] = field(default_factory=list)   # unfinished backfills it completed
     pending_open: int = 0                              # left pending: their session is open
+    duplicates: int = 0                                # late for silver, but their id is in silver
     retry_at_ms: int | None = None                     # ... until gold's watermark is here
     tables: dict[str, int] = field(default_factory=dict)   # table -> its version after
 
@@ -197,13 +198,16 @@ class Backfill:
             if not dry_run:
                 self.apply(unfinished, rows.where(F.col("backfilled_by") == unfinished), done)
             outcome.resumed.append(unfinished)
-        pending = rows.where(F.col("backfilled_by").isNull() & (F.col("found_by_query") == self.query)
-                             & (F.col("late_for") == "gold"))
+        pending = rows.where(F.col("backfilled_by").isNull()
+                             & (((F.col("late_for") == "gold") & (F.col("found_by_query") == self.query))
+                                | (F.col("late_for") == "silver")))
         if since is not None:
             pending = pending.where(F.col("event_time") >= F.lit(since))
         if until is not None:
             pending = pending.where(F.col("event_time") < F.lit(until))
-        # One copy per event (a replayed batch appends none twice; a late event is found once).
+        # One copy per event (a replayed batch appends none twice; a late event is found once,
+        # but a feed may repeat one that was late for silver).
+        pending, outcome.duplicates = self.not_in_silver(pending, rows)
         pending = pending.dropDuplicates(["event_id"]).cache()
         try:
             held = set()
@@ -224,6 +228,20 @@ class Backfill:
         from common.delta import table_version
         outcome.tables = {t: table_version(self.spark, p) for t, p in self.paths.items()}
         return outcome
+
+    def not_in_silver(self, pending: DataFrame, rows: DataFrame) -> tuple[DataFrame, int]:
+        """Events late for silver missed its deduplication: one whose id silver holds (or a
+        backfill folded in already) is a repeat, left out; returns the rest and how many ids
+        were left out. Events late for gold are silver's rows themselves."""
+        theirs = pending.where(F.col("late_for") == "silver")
+        if not self.cfg.profile.dedup or not theirs.limit(1).count():
+            return pending, 0
+        seen = (self.spark.read.format("delta").load(self.cfg.table_path("silver", self.cfg.silver_table))
+                .select("event_id")
+                .unionByName(rows.where(F.col("backfilled_by").isNotNull()).select("event_id")))
+        new = theirs.join(seen, "event_id", "left_anti")
+        repeats = theirs.select("event_id").distinct().count() - new.select("event_id").distinct().count()
+        return pending.where(F.col("late_for") != "silver").unionByName(new), repeats
 
     def mark(self, backfill_id: str, chosen: DataFrame) -> None:
         """The chosen events, named by the backfill before any gold table changes (one commit)."""
@@ -419,7 +437,9 @@ def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
     for i in outcome.resumed:
         print(f"finished the interrupted {i}")
     print(f"{outcome.id or 'backfill'}: {verb} {outcome.events} late event(s) into gold"
-          + (f"; {outcome.pending_open} stay pending: their session is still open" if outcome.pending_open else ""))
+          + (f"; {outcome.pending_open} stay pending: their session is still open" if outcome.pending_open else "")
+          + (f"; {outcome.duplicates} late for silver repeat an event silver holds (left out)"
+             if outcome.duplicates else ""))
     return 0
 
 

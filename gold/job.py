@@ -36,7 +36,8 @@ from gold.kinds import CLOSING, EVENT, LITERAL_TS, SESSION, GoldTable, touched
 from common.lineage import CLOSES
 from gold.constraints import by_name, gate_suites, viewed
 from gold.owner import check_owner
-from gold import late, sinks
+from common import late
+from gold import sinks
 from gold.backfill import InBatch
 from gold.tables import for_config, logic_hash, query_name
 from silver.transform import FRONTIER
@@ -59,7 +60,7 @@ def silver_stream(spark, cfg) -> DataFrame:
 def gold_stream(spark, cfg, tables, silver: DataFrame | None = None) -> DataFrame:
     """The gold query's streaming plan: one row per on-time event (column EVENT) for the tables
     folding events, one per row of the stateful table (column SESSION), from one read and one
-    shuffle of silver; a late event's row has only its silver row, as text (gold/late.py)."""
+    shuffle of silver; a late event's row has only its silver row, as text (common/late.py)."""
     wm = cfg.gold.watermark
     metrics = [F.count(F.lit(1)).alias("rows_in")]
     if wm is not None:   # without a watermark nothing is late (progress_counts reads 0)
@@ -113,7 +114,7 @@ class GoldBatch(MicroBatch):
                  silver_schema=None):
         tables = tuple(tables)
         outputs = tuple(out for spec in tables for out in sinks.outputs(cfg, spec))
-        # The silver rows of late events, kept (gold/late.py) when the stream carries them.
+        # The silver rows of late events, kept (common/late.py) when the stream carries them.
         self.late_schema = silver_schema if cfg.gold.watermark is not None else None
         self.late_table_ready = False
         if self.late_schema is not None:

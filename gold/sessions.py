@@ -150,7 +150,7 @@ def make_session_updater(spec: SessionSpec):
         (key_value,) = key
         sessions = json.loads(state.get[0]) if state.exists else []
         watermark = state.getCurrentWatermarkMs()
-        # A late event reaches the function without an event time (gold/late.py keeps it, the
+        # A late event reaches the function without an event time (common/late.py keeps it, the
         # stateful branch shares the batch's one shuffle): it is no event of a session.
         frames = [] if state.hasTimedOut else [f for f in (b[b["event_ms"].notna()] for b in batches) if len(f)]
         if not (state.hasTimedOut or frames):

@@ -77,7 +77,7 @@ def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | 
     except (ConfigError, SuiteError) as e:
         log.error(str(e))
         return 2
-    runner = Runner(cfg, specs, spark=spark)
+    runner = Runner(cfg, specs, spark=spark, reload=lambda: load_config(env=env, overrides=overrides(args)))
     if spark is None:
         runner.install_signals()
     return runner.run()

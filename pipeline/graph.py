@@ -18,7 +18,7 @@ from pathlib import Path
 from common.config import load_config
 from common.errors import command
 from common.flow import ORDER
-from gold import late
+from common import late
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ def flows(cfg, source: str | None = None) -> list[FlowNode]:
         if dimension and f"{layer.name}.{dimension.table}" in sinks:
             sinks.remove(f"{layer.name}.{dimension.table}")        # joined, not written
             sources.append(f"{layer.name}.{dimension.table}")
-        if layer.name == "silver":
-            sinks.remove(f"silver.{late.TABLE}")                   # gold writes it
+        if layer.name == "silver" and not cfg.profile.dedup:
+            sinks.remove(f"silver.{late.TABLE}")                   # nothing deduplicated is late for silver
         if layer.name == "gold" and cfg.gold.watermark is not None:
             sinks.append(f"silver.{late.TABLE}")                   # the late events it keeps
         if layer.name == "gold" and cfg.gold.stats_to_kafka:

@@ -9,10 +9,12 @@ keeps running, and switch readers to it in one commit per table (blue/green).
    into shadow tables ($root/gold/_refresh/<query>/<table>) on a checkpoint of its own
    ($checkpoints/_refresh/<query>/<query>), available-now, round after round until it has read
    silver's latest version. The live gold query keeps running; readers read the live tables.
-2. Switch, holding the live gold checkpoint's lock (a gold query running elsewhere holds it: the
-   refresh waits --wait seconds for it, then stops with what to do; its shadow is kept): one last
-   round reads what silver gained, then each live table is overwritten with its shadow's rows in
-   one commit. A reader sees the old version or the new one, never an empty or a partial table,
+2. Switch, holding the live gold checkpoint's lock. A pipeline process running gold (run-all,
+   run-gold, processing-time) is asked to hand it over between two batches and goes on after
+   the switch on the swapped checkpoint, with bronze and silver never stopped
+   (pipeline/handover.py); the refresh waits --wait seconds for it, then stops with what to do,
+   its shadow kept. One last round reads what silver gained, then each live table is
+   overwritten with its shadow's rows in one commit. A reader sees the old version or the new one, never an empty or a partial table,
    and the old one stays readable by time travel until retention. The commit's lineage is the
    shadow's last batch (query id, batch, silver version, watermark, the logic's hash) and
    `refresh` (id, code version, profile, the silver version covered, the checkpoint replaced),
@@ -30,7 +32,7 @@ says to run the refresh again.
 Only one query writes a selection of gold tables, so refreshing one table refreshes the tables
 its query writes (every gold table, unless it runs with --only). Silver is not refreshed yet.
 Exit codes: 0 refreshed; 2 something to fix first (an unknown table, no silver, the live gold
-query still running after --wait).
+query not handed over within --wait).
 """
 from __future__ import annotations
 
@@ -39,7 +41,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -48,12 +49,12 @@ from pathlib import Path
 
 from common.errors import JobError, command
 from gold.owner import REFRESH, refresh_folder, refresh_state
+from pipeline.handover import code_version
 
 log = logging.getLogger("pipeline.refresh")     # also when run as __main__
 
 STATE = "refresh.json"          # gold/owner.py reads it too
 ROUNDS = 4                     # build rounds before the switch: each reads what silver gained meanwhile
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,19 +115,6 @@ class ShadowConfig:
 
     def checkpoint(self, query: str) -> str:
         return str(self.checkpoint_root / query)
-
-
-def code_version() -> str:
-    """The commit the code runs from (`+dirty` with uncommitted changes), or `unknown`."""
-    try:
-        git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10)  # noqa: E731
-        head = git("rev-parse", "--short", "HEAD")
-        if head.returncode:
-            return "unknown"
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-        return head.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def write_state(shadow: ShadowConfig, state: dict) -> None:
@@ -191,25 +179,35 @@ def build(spark, cfg, shadow: ShadowConfig, target: Target, rounds: int = ROUNDS
             return
 
 
-def live_lock(cfg, query: str, wait_s: float):
-    """The live gold checkpoint's lock, waiting up to `wait_s` for a running gold query to end."""
+def live_lock(cfg, target: Target, wait_s: float, state: dict):
+    """The live gold checkpoint's lock. A gold query running in a pipeline process is asked to
+    hand it over between two of its batches (pipeline/handover.py; withdraw the request once
+    done); waits up to `wait_s` for it."""
     from common.checkpoint_lock import CheckpointBusy, CheckpointLocks
+    from pipeline import handover
 
-    deadline = time.monotonic() + wait_s
+    query, deadline, asked = target.query, time.monotonic() + wait_s, False
     while True:
         locks = CheckpointLocks(cfg, [query])
         try:
             return locks.__enter__()
         except CheckpointBusy as e:
+            if not asked:
+                handover.ask(cfg, query, state["id"], state["logic"]["hash"], state["code"], target.only)
+                asked = True
+                log.info(f"refresh {query}: the live gold query runs ({e}); asked it to hand its "
+                         f"checkpoint over after its current batch")
             if time.monotonic() >= deadline:
+                handover.withdraw(cfg, query)
                 raise JobError(
                     f"refresh {query}: the shadow tables are built and caught up, but the live gold "
-                    f"query still runs ({e}), and the switch needs it stopped between two of its "
-                    f"batches. Stop the process running gold (run-all, run-gold; bronze and silver "
-                    f"can keep running apart: make run-bronze, make run-silver), then run the refresh "
-                    f"again: it resumes from the shadow, reads only what silver gained, and switches. "
-                    f"Or give --wait more seconds.") from None
-            time.sleep(1)
+                    f"query did not hand its checkpoint over within {wait_s:.0f} s ({e}). A pipeline "
+                    f"process (run-all, run-gold with a processing-time trigger) hands it over between "
+                    f"two batches, so its batch is still running or the process does not take "
+                    f"requests (an available-now run: let it end). Run the refresh again with more "
+                    f"--wait, or stop the process running gold: it resumes from the shadow, reads only "
+                    f"what silver gained, and switches.") from None
+            time.sleep(0.5)
 
 
 def switch_lineage(spark, shadow: ShadowConfig, spec, target: Target, state: dict) -> dict:
@@ -312,7 +310,7 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
     if state["phase"] == "building":
         build(spark, cfg, shadow, target, rounds)
     built = time.monotonic()
-    locks = live_lock(cfg, target.query, wait_s)
+    locks = live_lock(cfg, target, wait_s, state)
     try:
         if state["phase"] == "building":
             done = covered(shadow, target.query)
@@ -325,6 +323,9 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
         discard(shadow)
     finally:
         locks.__exit__()
+        from pipeline.handover import withdraw
+
+        withdraw(cfg, target.query)        # the live query (if it handed over) starts on the swap
     return {"query": target.query, "id": state["id"], "tables": switched, "query_id": state["query_id"],
             "build_s": round(built - started, 1), "switch_s": round(time.monotonic() - built, 1)}
 
@@ -338,7 +339,8 @@ def main(argv=None, prog: str = "refresh", spark=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", help="gold (every gold table) or gold.<table>; silver is not supported yet")
     parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
-                        help="how long the switch waits for a running gold query to stop (default 60)")
+                        help="how long the switch waits for a running gold query to hand its checkpoint "
+                             "over (default 60)")
     args = parser.parse_args(argv)
     configure()
     cfg = load_config()

@@ -30,9 +30,11 @@ POLL_S = 0.5
 class FlowRun:
     """One flow's query on its own thread: start, await, recover, stop between batches."""
 
-    def __init__(self, spark, flow: Flow, done: queue.Queue, stop_all: threading.Event, checkpoint: str):
+    def __init__(self, spark, flow: Flow, done: queue.Queue, stop_all: threading.Event, checkpoint: str,
+                 handover=None):
         self.spark, self.flow, self.done, self.stop_all = spark, flow, done, stop_all
         self.checkpoint = checkpoint
+        self.handover = handover                # a refresh may ask for the checkpoint (pipeline/handover.py)
         self.stop = threading.Event()           # this flow only (a failed upstream, a quality stop)
         self.error: BaseException | None = None
         self.query = None
@@ -66,6 +68,14 @@ class FlowRun:
                         self.query.awaitTermination(POLL_S)
                         if self._stopping():
                             stop_between_batches(self.query)
+                        elif self.handover is not None and self.handover.asked(self.flow.name):
+                            flow = self.handover.lend(self)
+                            if flow is None:
+                                self.stop.set()        # a stop of its own: the other flows go on
+                                return
+                            self.flow = flow
+                            recovery = self.flow.recovery() if self.flow.recovery else None
+                            self.query, self.body = self.flow.start(self.spark)
                     self.query.awaitTermination()      # raises if it failed
                     return
                 except Exception as e:
@@ -265,12 +275,14 @@ def start(spark, cfg, name: str, **options) -> list:
 
 
 class Runner:
-    def __init__(self, cfg, layers: list[Layer], spark=None):
+    def __init__(self, cfg, layers: list[Layer], spark=None, reload=None):
         self.cfg, self.layers = cfg, layers
+        self.reload = reload            # the config loaded again as at the start (pipeline/handover.py)
         self.spark, self._own_spark = spark, spark is None
         self.stop_all = threading.Event()
         self.failures: list[tuple[str, int]] = []      # (message, exit code)
         self.validation: Validation | None = None
+        self.locks = None                               # the CheckpointLocks run() holds
 
     # --- signals: one handler for the whole application ---
     def request_stop(self, signum=None, _frame=None) -> None:
@@ -294,7 +306,8 @@ class Runner:
         from common.errors import JobError
 
         try:
-            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]):
+            with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]) as locks:
+                self.locks = locks
                 preflight(self.layers)
                 self.validation = Validation(self.layers)
                 return self._run_locked()
@@ -333,13 +346,26 @@ class Runner:
             log.error(line)
         return max((code for _, code in self.failures), default=0)
 
+    def _handover(self):
+        """Gold's flows hand their checkpoint over to a refresh that asks (a run that keeps
+        going; local checkpoints, as the refresh)."""
+        from common.storage import ObjectPath, location
+        from pipeline.handover import HandOver
+
+        if (self.cfg.streaming.trigger == "available-now" or self.locks is None
+                or isinstance(location(str(self.cfg.checkpoint_root)), ObjectPath)):
+            return None
+        return HandOver(self.cfg, self.locks, [f.name for layer in self.layers if layer.name == "gold"
+                                               for f in layer.flows], self.reload)
+
     def _start(self, layers: list[Layer], done: queue.Queue) -> list[FlowRun]:
         if self.validation is not None:   # a bad suite: exit 2 before any query starts
             self.validation.result()
-        runs = []
+        runs, handover = [], self._handover()
         for layer in layers:
             for flow in layer.flows:
-                run = FlowRun(self.spark, flow, done, self.stop_all, self.cfg.checkpoint(flow.name))
+                run = FlowRun(self.spark, flow, done, self.stop_all, self.cfg.checkpoint(flow.name),
+                              handover if layer.name == "gold" else None)
                 run.thread.start()
                 runs.append(run)
             log.info(f"{layer.name}: {layer.describe} ({self.cfg.streaming.trigger})",

@@ -22,6 +22,8 @@ from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS, NEW_FIELDS
 from common.streaming import trigger
 from common.flow import Flow, Layer, Started
+from common import late
+from common.internals import running_input
 from common.lineage import read_nothing
 from silver import contract as C
 from silver import drift as D
@@ -80,11 +82,13 @@ class SilverBatch(MicroBatch):
         events = cfg.table_path("silver", cfg.silver_table)
         outputs = (Append("events", events, "events"),
                    Append("quarantine", cfg.table_path("silver", "quarantine"), "quarantine"),
-                   Append("fields", cfg.table_path("ops", "new_fields"), "fields"))
+                   Append("fields", cfg.table_path("ops", "new_fields"), "fields"),
+                   Append(late.OUTPUT, cfg.table_path("silver", late.TABLE), late.KEY))
         super().__init__(spark, cfg, QUERY, "bronze.events", {"events": QualityGate(suite)}, accounting_, outputs)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
         self._dimension = None       # (version, its cached rows): dimension_at
+        self.late_table_ready = False
         self.paths = {"bronze": cfg.table_path("bronze", "events"), "events": events}
         if self.dimension:
             self.paths["dimension"] = cfg.table_path("silver", self.dimension)
@@ -128,9 +132,12 @@ class SilverBatch(MicroBatch):
         rows, evolved, new_fields = self.contract(rows, sizes, ctx, rescued)
         n_candidates, n_dq, out = sizes.rows - n_rejects, 0, {}
         fetch = [sizes.fetch_from, sizes.fetch_until]
+        frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
+        kept = self.late_rows(ctx, frontier, evolved)
+        if kept is not None:
+            out[late.OUTPUT] = kept
         if n_candidates:
             joined = T.accepted(rows)
-            frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
             candidates = T.to_silver(joined, batch_id, profile, frontier, evolved)
             gate = self.validate(ctx, ("events", candidates, n_candidates))
             dq_reasons = _dq_reasons(spark, gate.outcomes)
@@ -159,6 +166,41 @@ class SilverBatch(MicroBatch):
                                 rows_written=n_candidates - n_dq, events_rescued=rescued[0],
                                 fields_rescued=rescued[1]))
 
+    def late_rows(self, ctx: BatchContext, frontier: int | None, evolved) -> object | None:
+        """silver.late_events rows of the events Spark's deduplication dropped in this batch as
+        behind silver's watermark (common/late.py), or None when it dropped none. Spark counts
+        them in the executed plan, which the batch has run by now; only then is the batch's
+        input read again (its files, from the plan's scan), parsed as the query parses it and
+        filtered by the watermark Spark filtered with (read from the plan too). They get the silver row an on-time event
+        of this batch would (the pinned dimension, the frontier) and must number what Spark
+        counted: the accounting books the one count, the table holds the other."""
+        if not self.profile.dedup:
+            return None                          # nothing deduplicated, nothing dropped as late
+        dropped = self.books.late_dropped(QUERY, ctx.batch_id)
+        if not dropped:
+            return None
+        source, watermark = running_input(self.spark, accounting.active_query(self.spark, QUERY))
+        if source is None:
+            raise accounting.AccountingError(f"silver batch {ctx.batch_id}: Spark dropped {dropped} events "
+                                             "as late, and the batch's input could not be read again to keep them")
+        cfg, profile = self.cfg, self.profile
+        parsed = T.parse_events(source, cfg.silver.min_event_time, cfg.silver.max_future.seconds, profile,
+                                cfg.silver.max_record_bytes)
+        rows = T.late_for_dedup(parsed, watermark)
+        if self.dimension:
+            rows = T.join_dimension(rows, self.dimension_at(lineage_dimension(ctx.lineage, self.dimension)),
+                                    profile)
+        rows = ctx.keep(T.to_silver(rows, ctx.batch_id, profile, frontier, evolved))
+        n = rows.count()
+        if n != dropped:
+            raise accounting.AccountingError(
+                f"silver batch {ctx.batch_id}: Spark dropped {dropped} events as behind "
+                f"the watermark ({watermark} ms), {n} of the batch's input are; nothing written")
+        if not self.late_table_ready:
+            late.ensure(self.spark, cfg, rows.schema)
+            self.late_table_ready = True
+        return late.found(rows, "silver", QUERY, ctx.batch_id, watermark)
+
     def contract(self, rows, sizes, ctx: BatchContext, rescued: list):
         """The schema contract on a batch in which some event carries a key the profile does
         not declare: fail naming it, or grow silver by its column (ALTER TABLE ADD COLUMNS,
@@ -176,6 +218,10 @@ class SilverBatch(MicroBatch):
             rows = D.rescue_instead(rows, moved)
             rescued[:] = D.rescued_counts(T.accepted(rows))
         return rows, evolved, D.rows(found, evolved, moved, self.query, ctx.batch_id)
+
+
+def lineage_dimension(lineage: dict, table: str) -> int:
+    return lineage["dimensions"][f"silver.{table}"]
 
 
 def _widen(a: list, b) -> list:

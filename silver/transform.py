@@ -388,6 +388,13 @@ def deduplicate(parsed: DataFrame, delay: str, profile: Profile) -> DataFrame:
             .dropDuplicatesWithinWatermark(["dedup_key"]).drop("dedup_key"))
 
 
+def late_for_dedup(parsed: DataFrame, watermark_ms: int) -> DataFrame:
+    """The accepted events deduplicate's operator drops as late, given the watermark it filters
+    a batch's input with (common.internals.running_input): an event time at or before it.
+    Rejects never are (no event time)."""
+    return parsed.where(is_accepted() & (F.col("event_time") <= F.timestamp_millis(F.lit(watermark_ms))))
+
+
 def input_metrics(parsed: DataFrame, profile: Profile) -> list[Column]:
     """Counts of a batch before dedup, in both units: each parsed record has exactly one row
     with element index 0; each unparsed record is one row with parsed = false."""

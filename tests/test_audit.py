@@ -128,21 +128,24 @@ def prefix(report: dict, table: str) -> list[dict]:
 # --- lineage -------------------------------------------------------------------------------
 
 def test_every_streaming_commit_records_its_upstream_version_query_and_batch(spark, lake):
-    expected_upstream = {"silver.camera_events": "bronze.events", "silver.quarantine": "bronze.events",
-                         "silver.late_events": "silver.camera_events", **{g: "silver.camera_events" for g in GOLD}}
-    for name, upstream in expected_upstream.items():
+    # table -> its writers' upstream, by query (silver and gold both keep late events)
+    by_silver, by_gold = {"silver": "bronze.events"}, {"gold": "silver.camera_events"}
+    expected_upstream = {"silver.camera_events": by_silver, "silver.quarantine": by_silver,
+                         "silver.late_events": {**by_silver, **by_gold}, **{g: by_gold for g in GOLD}}
+    for name, upstreams in expected_upstream.items():
         history = table_history(spark, lake.cfg.table_path(*name.split(".")))
         # Compaction (auto or make maintain) and VACUUM change no rows and read no upstream.
         commits = [v for v in history if v.operation not in NO_DATA_CHANGE]
-        assert commits, name
+        assert {v.lineage["query"] for v in commits if v.lineage} == set(upstreams), name
         for v in commits:
             assert v.lineage is not None, f"{name} v{v.version} ({v.operation}) has no lineage"
-            assert v.lineage["upstream"]["table"] == upstream
+            assert v.lineage["upstream"]["table"] == upstreams[v.lineage["query"]]
             assert v.lineage["query_id"] and isinstance(v.lineage["batch_id"], int)
             assert isinstance(v.lineage["upstream"]["version"], int)
-        # the consumed prefix only grows, batch after batch
-        ups = [v.lineage["upstream"]["version"] for v in commits]
-        assert ups == sorted(ups)
+        # the consumed prefix only grows, batch after batch, per writer
+        for query in upstreams:
+            ups = [v.lineage["upstream"]["version"] for v in commits if v.lineage["query"] == query]
+            assert ups == sorted(ups)
     bronze = table_history(spark, lake.cfg.table_path("bronze", "events"))
     last_write = max(v.version for v in bronze if v.operation not in NO_DATA_CHANGE)
     silver_last = [v for v in table_history(spark, lake.cfg.table_path("silver", "camera_events"))
@@ -214,25 +217,30 @@ def test_a_clean_pipeline_passes_every_audit(lake):
     assert books["silver"]["right"]["quarantine"] >= 1
     for table in GOLD:
         assert books[table]["right"]["too late dropped"] >= 2, books[table]
-    assert books["silver.late_events"]["right"] == {"gold: kept": 2}, books["silver.late_events"]
+    assert books["silver.late_events"]["right"] == {"gold: kept": 2, "silver: kept": 1}, books["silver.late_events"]
 
 
 def test_events_late_for_gold_are_kept_with_their_silver_row_and_who_found_them(spark, lake):
-    """The rounds' two events behind gold's watermark (10:20 in round 1, 12:10 in round 2; the
-    09:00 one never reached silver) are in silver.late_events as silver holds them, each once,
-    with the gold batch that found it late and that batch's watermark, which it is behind."""
+    """The rounds' two events behind gold's watermark (10:20 in round 1, 12:10 in round 2) are
+    in silver.late_events as silver holds them, each once, with the gold batch that found it
+    late and that batch's watermark, which it is behind. The 09:00 one, behind silver's
+    watermark, never reached silver: the silver batch kept it there."""
     from pyspark.sql import functions as F
 
     late = spark.read.format("delta").load(lake.cfg.table_path("silver", "late_events"))
     silver = spark.read.format("delta").load(lake.cfg.table_path("silver", "camera_events"))
-    rows = late.orderBy("event_time").collect()
+    rows = late.where("late_for = 'gold'").orderBy("event_time").collect()
     assert [(r.device_id, r.event_time.strftime("%H:%M")) for r in rows] == [("cam-0002", "10:20"),
                                                                                 ("cam-0001", "12:10")]
     # byte for byte the silver row (every silver column)
-    assert late.select(*silver.columns).exceptAll(silver).count() == 0
+    assert late.where("late_for = 'gold'").select(*silver.columns).exceptAll(silver).count() == 0
     for r in rows:
-        assert r.late_for == "gold" and r.found_by_query == "gold"
+        assert r.found_by_query == "gold"
         assert r.event_time <= r.found_watermark
+    [early] = late.where("late_for = 'silver'").collect()
+    assert (early.device_id, early.event_time.strftime("%H:%M"), early.found_by_query) == ("cam-0001", "09:00", "silver")
+    assert early.found_watermark.strftime("%H:%M") == "09:30" and early.zip_code is not None
+    assert silver.where(F.col("event_id") == early.event_id).count() == 0
     # a gold table does not hold them: the sightings of 10:00-11:00 at cam-0002's zip count 10:00 only
     hour = (spark.read.format("delta").load(lake.cfg.table_path("gold", "zip_hourly_sightings"))
             .where((F.col("zip_code") == "94105") & (F.hour("window_start") == 10)).first())
@@ -334,10 +342,12 @@ def _gold_snapshot(spark, cfg) -> dict:
 
 
 def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(spark, lake, tmp_path):
-    """Both late events (cam-0002 10:20, cam-0001 12:10) reach their windows and sessions in one
-    MERGE per table whose lineage names the backfill; the audit's recompute adds them in the
-    order they were folded and every version passes; a second backfill finds nothing pending
-    and writes nothing; then the stream goes on over the backfilled tables, still proven."""
+    """The late events (cam-0002 10:20 and cam-0001 12:10 late for gold, cam-0001 09:00 late for
+    silver too) reach their windows and sessions in one MERGE per table whose lineage names the
+    backfill; the audit's recompute adds them in the order they were folded and every version
+    passes; a second backfill finds nothing pending and writes nothing; then the stream goes on
+    over the backfilled tables, still proven, and a backfill of what it found late for silver
+    leaves out the repeat of an event silver holds."""
     from pyspark.sql import functions as F
 
     from gold.backfill import main as backfill_main
@@ -363,10 +373,14 @@ def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(
     assert sessions[("cam-0002", "10:00")].session_end.strftime("%H:%M") == "10:20"
     assert sessions[("cam-0002", "10:00")].events == 2 and sessions[("cam-0002", "10:00")].status == "closed"
     assert sessions[("cam-0001", "11:30")].session_end.strftime("%H:%M") == "12:10"
-    # every gold event of silver is now in the hourly table: on time and backfilled
+    assert sessions[("cam-0001", "09:00")].events == 1 and sessions[("cam-0001", "09:00")].status == "closed"
+    # every gold event of silver is now in the hourly table, on time and backfilled, and the
+    # one silver found late
+    assert {(r.late_for, r.device_id) for r in late} == {("gold", "cam-0002"), ("gold", "cam-0001"),
+                                                          ("silver", "cam-0001")}
     silver = spark.read.format("delta").load(cfg.table_path("silver", "camera_events")).count()
-    total = spark.read.format("delta").load(sightings).agg(F.sum("events")).first()[0]
-    assert total == silver
+    total = lambda: spark.read.format("delta").load(sightings).agg(F.sum("events")).first()[0]  # noqa: E731
+    assert total() == silver + 1
 
     report = run_audit(spark, cfg)
     assert report["ok"], report["failures"]
@@ -385,11 +399,26 @@ def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(
     assert backfill_main([], spark=spark, cfg=cfg) == 0
     assert _gold_snapshot(spark, cfg) == after
 
-    # the stream goes on: another round, its batches fold onto the backfilled rows
-    _next_round(spark, cfg, [record(("cam-0002", "16:00"), ("cam-0003", "16:10"))])
+    # the stream goes on: another round, its batches fold onto the backfilled rows; two of its
+    # events are hours behind silver's watermark (13:30): a repeat of one silver holds, and a new one
+    _next_round(spark, cfg, [record(("cam-0002", "16:00"), ("cam-0003", "16:10")),
+                             record(("cam-0001", "10:10")), record(("cam-0003", "08:00"))])
     report = run_audit(spark, cfg)
     assert report["ok"], report["failures"]
     assert _gold_snapshot(spark, cfg)["zip_hourly_sightings"] > after["zip_hourly_sightings"]
+    pending = (spark.read.format("delta").load(cfg.table_path("silver", "late_events"))
+               .where("backfilled_by IS NULL").collect())
+    assert sorted((r.late_for, r.device_id, r.event_time.strftime("%H:%M")) for r in pending) == [
+        ("silver", "cam-0001", "10:10"), ("silver", "cam-0003", "08:00")]
+    assert backfill_main(["--json"], spark=spark, cfg=cfg) == 0
+    assert total() == silver + 2 + 2                          # the round's two on time, 08:00
+    repeat = (spark.read.format("delta").load(cfg.table_path("silver", "late_events"))
+              .where("backfilled_by IS NULL").collect())
+    assert [(r.device_id, r.event_time.strftime("%H:%M")) for r in repeat] == [("cam-0001", "10:10")]
+    report = run_audit(spark, cfg)
+    assert report["ok"], report["failures"]
+    books = {b["name"]: b for b in report["accounting"]}
+    assert books["silver.late_events"]["status"] == "PASS", books
     forget_names(spark)
 
 
@@ -452,7 +481,7 @@ def test_a_late_event_that_would_extend_an_open_session_waits_for_it_to_close(sp
     extra.select(*spark.read.format("delta").load(late_path).columns).write.format("delta").mode("append").save(late_path)
 
     outcome = Backfill(spark, cfg).run()
-    assert outcome.events == 1 and outcome.pending_open == 2
+    assert outcome.events == 2 and outcome.pending_open == 2      # cam-0001's 12:10 and 09:00
     assert outcome.retry_at_ms == int(datetime(2026, 11, 1, 16, 0, tzinfo=timezone.utc).timestamp() * 1000)
     pending = spark.read.format("delta").load(late_path).where("backfilled_by IS NULL").collect()
     assert {r.device_id for r in pending} == {"cam-0002"} and "late-into-an-open-session" in {r.event_id for r in pending}

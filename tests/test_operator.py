@@ -297,7 +297,7 @@ def test_graph_is_the_declared_flows_with_their_checkpoints_suites_and_triggers(
     bronze, silver, gold = nodes
     assert bronze.sources == ("kafka topic nest-logs",) and bronze.sinks == ("bronze.events",)
     assert silver.sources == ("bronze.events", "silver.device_locations")
-    assert silver.sinks == ("silver.camera_events", "silver.quarantine")
+    assert silver.sinks == ("silver.camera_events", "silver.quarantine", "silver.late_events")
     assert silver.transform == "silver/transform.py + dedupeWithinWatermark"
     assert gold.sources == ("silver.camera_events",)
     assert gold.sinks == (*(f"gold.{t}" for t in cfg.tables["gold"]), "silver.late_events",

@@ -336,3 +336,80 @@ def test_a_table_is_refreshed_with_the_query_that_writes_it(env):
     assert chose("gold.device_sessions") == ("gold_sightings_sessions", {"sightings", "sessions"},
                                              ["zip_hourly_sightings", "device_sessions"])
     assert chose("gold.device_activity") == every
+
+
+def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_after(spark, tmp_path):
+    """run-all streams in a process of its own (processing-time) with a copy of conf/. The
+    session gap is changed on disk and gold refreshed: the process hands gold's checkpoint over
+    between two batches, with bronze and silver never stopped, then reloads its configuration and
+    runs gold by the new gap on the refreshed checkpoint: the next round is folded in by it, and
+    the audit proves every version."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from pyspark.sql import functions as F
+
+    from audit.__main__ import run_audit
+    from common.delta import last_lineage
+
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    conf_file = conf / "lakehouse.yaml"
+    old = config(tmp_path, LAKEHOUSE_CONF=str(conf_file))
+    old.locations_csv.parent.mkdir(parents=True, exist_ok=True)
+    old.locations_csv.write_text(LOCATIONS)
+    land(old, 0)
+    land(old, 1)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")
+           and not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), LAKEHOUSE_CONF=str(conf_file), PYTHONPATH=str(REPO),
+               LAKEHOUSE__STREAMING__BRONZE_INTERVAL="1 second")
+    log_path = tmp_path / "run-all.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--trigger", "processing-time"], cwd=REPO,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    sessions = old.table_path("gold", "device_sessions")
+
+    def wait_for(what: str, ready, seconds: float = 300) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"run-all ended (exit {proc.returncode}): {log_path.read_text()[-3000:]}"
+            try:
+                if ready():
+                    return
+            except Exception:       # noqa: BLE001 - a table not there yet
+                pass
+            time.sleep(1)
+        raise AssertionError(f"timed out waiting for {what}: {log_path.read_text()[-3000:]}")
+
+    def starts(device: str, hour: int) -> int:
+        return (spark.read.format("delta").load(sessions)
+                .where((F.col("device_id") == device) & (F.hour("session_start") == hour)).count())
+
+    try:
+        wait_for("gold to fold rounds 0 and 1", lambda: starts("cam-0001", 13) == 1)
+        conf_file.write_text(conf_file.read_text().replace("session_gap: 30 minutes", "session_gap: 10 minutes"))
+        new = config(tmp_path, LAKEHOUSE_CONF=str(conf_file))
+        assert logic_hash(new) != logic_hash(old)
+        done = refresh(spark, new, "gold", wait_s=240)
+        assert "handing the checkpoint over to refresh " + done["id"] in log_path.read_text()
+        wait_for("the process to take gold back", lambda: "runs its logic from now on" in log_path.read_text(), 60)
+        # the next round: cam-0001 at 14:00 and 14:20 is two sessions by the 10-minute gap
+        land(new, 2)
+        wait_for("the live gold to fold round 2", lambda: starts("cam-0002", 14) == 1 and starts("cam-0001", 14) == 2)
+        writer, _ = last_lineage(spark, sessions)
+        _, switched = switch_version(spark, sessions)
+        assert writer["query_id"] == done["query_id"] and writer["logic"]["hash"] == logic_hash(new)
+        assert writer["batch_id"] > switched["batch_id"]    # a batch of the live process, after the switch
+        proc.send_signal(signal.SIGTERM)                # stops every query after its batch
+        code = proc.wait(180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, log_path.read_text()[-3000:]
+    report = run_audit(spark, new)
+    assert report["ok"], report["failures"]
+    forget_names(spark)

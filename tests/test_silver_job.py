@@ -215,6 +215,7 @@ def stream(spark, tmp_path_factory):
         .selectExpr("*", "date_format(start_time, 'HH:mm') AS start_hm").collect(),
         quarantine=table(spark, cfg, "silver", "quarantine").collect(),
         dq=table(spark, cfg, "ops", "dq_results").collect(),
+        late=table(spark, cfg, "silver", "late_events").collect(),
         books=books_by_batch(spark, cfg))
     for layer, name in [(layer, name) for layer, names in TABLES.items() for name in names]:
         spark.sql(f"DROP TABLE IF EXISTS {layer}.{name}")
@@ -232,15 +233,26 @@ def test_a_duplicate_is_dropped_within_and_across_micro_batches(spark, stream):
     assert totals(stream.books, second)["duplicates_dropped"] == 1
 
 
-def test_an_event_behind_the_watermark_is_dropped_and_counted_late(stream):
+def test_an_event_behind_the_watermark_is_kept_apart_and_counted_late(stream):
     starts = {(r.device_id, r.start_hm) for r in stream.silver}
     assert ("cam-0003", "09:00") in starts
     assert not any(r.device_id == "cam-0004" and r.bronze_file_path == stream.files[1] for r in stream.silver)
     assert not any(r.bronze_file_path == stream.files[1] and r.bronze_line_number == 2
-                   for r in stream.quarantine)                       # late is dropped, not quarantined
+                   for r in stream.quarantine)                       # late is not quarantined
     first, second = stream.runs
     assert totals(stream.books, first)["late_dropped"] == 0
     assert totals(stream.books, second)["late_dropped"] == 1
+    # ... but kept in silver.late_events: its silver row (location joined at its time, its
+    # lineage), the batch that found it and the watermark it missed (10:40 - 2 h).
+    [kept] = stream.late
+    found_in = next(b for b in second if stream.books.get(b, {}).get("late_dropped"))
+    assert (kept.device_id, kept.bronze_file_path, kept.bronze_line_number) == ("cam-0004", stream.files[1], 2)
+    assert (kept.late_for, kept.found_by_query, kept.found_in_batch) == ("silver", QUERY, found_in)
+    edge = max(r.event_time for r in stream.silver if r.bronze_file_path == stream.files[0])
+    assert kept.found_watermark == edge - timedelta(hours=2)
+    assert kept.event_time == edge - timedelta(hours=3)
+    assert (kept.zip_code, kept.unknown_device, kept.silver_batch_id) == ("60601", False, found_in)
+    assert kept.backfilled_by is None
 
 
 def test_rows_carry_the_event_time_frontier_silver_had_reached_before_their_batch(stream):
@@ -343,7 +355,7 @@ def test_a_retried_micro_batch_writes_nothing_twice(spark, stream, monkeypatch):
     # Outside a running query there are no Spark metrics to account; the replayed accounting
     # row is covered by test_a_batch_replayed_after_a_crash_before_its_commit_is_accounted_once.
     suite = load_suites(cfg.silver.expectations)["silver.camera_events"]
-    body = SilverBatch(spark, cfg, suite, SimpleNamespace(record=lambda *_, **__: None))
+    body = SilverBatch(spark, cfg, suite, SimpleNamespace(record=lambda *_, **__: None, late_dropped=lambda *_: 0))
     bronze = (spark.read.format("delta").option("versionAsOf", stream.bronze_version)
               .load(cfg.table_path("bronze", "events")))
     batch = T.deduplicate(T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile),

@@ -1,11 +1,18 @@
-"""Events gold finds late, kept: silver.late_events.
+"""Late events, kept: silver.late_events, written by the layer whose watermark they missed.
 
-An event more than gold's watermark behind silver's frontier when it arrived (gold.transform.late)
-can no longer change a window or session the watermark has finalized, so gold's aggregates skip
-it. It stays in silver, and the gold batch that skipped it appends a copy of its silver row, with
-the batch that found it late, to silver.late_events: the late events are a table anyone can
-query (which cameras upload backlogs, how late), not only a count, and a backfill reads them
-from there.
+- late for gold: an event more than gold's watermark behind silver's frontier when it arrived
+  (gold.transform.late) can no longer change a window or session the watermark has finalized,
+  so gold's aggregates skip it. It stays in silver, and the gold batch that skipped it appends
+  a copy of its silver row.
+- late for silver: an event behind silver's dedup watermark is dropped by Spark's deduplication
+  operator (its id may have been forgotten, so it cannot be deduplicated), before silver's
+  batch sees it. The silver batch that Spark says dropped some finds them again in the batch's
+  own input and appends their silver rows (silver/job.py): it never reaches silver.<events>,
+  and a backfill deduplicates it against silver before folding it into gold.
+
+Either way with the batch that found it late: the late events are a table anyone can query
+(which cameras upload backlogs, how late), not only a count, and a backfill reads them from
+there.
 
 Through the gold query's plan a late row travels as one JSON text column (null for every
 on-time event): the stateful operator's input carries every column of the shared shuffle, and a
@@ -27,7 +34,7 @@ KEY = "late"                     # its append key's suffix
 # Microseconds survive the round trip (to_json writes milliseconds by default).
 _JSON = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}
 
-FOUND = [StructField("late_for", StringType(), False),        # whose watermark it missed: gold
+FOUND = [StructField("late_for", StringType(), False),        # whose watermark it missed: gold, silver
          StructField("found_by_query", StringType(), False),
          StructField("found_in_batch", LongType(), False),
          StructField("found_watermark", TimestampType(), True),
@@ -47,9 +54,15 @@ def row(silver_columns: list[str], is_late: Column) -> Column:
 def rows(batch: DataFrame, silver_schema: StructType, query: str, batch_id: int,
          watermark_ms: int) -> DataFrame:
     """silver.late_events rows of a gold batch: its late rows' silver columns, and who found them."""
-    return (batch.where(F.col(LATE).isNotNull())
-            .select(F.from_json(LATE, silver_schema, _JSON).alias("r")).select("r.*")
-            .withColumn("late_for", F.lit("gold"))
+    return found(batch.where(F.col(LATE).isNotNull())
+                 .select(F.from_json(LATE, silver_schema, _JSON).alias("r")).select("r.*"),
+                 "gold", query, batch_id, watermark_ms)
+
+
+def found(silver_rows: DataFrame, late_for: str, query: str, batch_id: int, watermark_ms: int) -> DataFrame:
+    """silver.late_events rows: silver rows late for `late_for`, and the batch that found them."""
+    return (silver_rows
+            .withColumn("late_for", F.lit(late_for))
             .withColumn("found_by_query", F.lit(query))
             .withColumn("found_in_batch", F.lit(batch_id).cast("long"))
             .withColumn("found_watermark", F.timestamp_millis(F.lit(watermark_ms)))
