@@ -25,7 +25,7 @@ SINK     ?= files
 export SOURCE TRIGGER TRIGGER_INTERVAL LAKEHOUSE_ROOT LANDING KAFKA_BOOTSTRAP KAFKA_PORT Q ENGINE PROFILE PROFILES_DIR
 
 .PHONY: help setup fetch lock test test-fast bench generate run-bronze run-silver run-gold run-all \
-        seed-locations sql demo demo-day2 audit bench-audit bench-wide soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes backfill restore reset-gold refresh
+        seed-locations sql demo demo-day2 audit bench-audit bench-wide bench-refresh soak status state check graph report dq-docs chaos maintain kafka-up kafka-down kafka-status s3-up s3-down s3-status s3-env clean clean-lakehouse diff changes backfill restore reset-gold refresh
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -255,6 +255,10 @@ bench-wide: $(READY) ## Silver on wide records (one record of 20,000 / 200,000 e
 
 bench-audit: $(READY) ## Time `make audit` on a gold table with VERSIONS versions (default 50); results in bench-results/
 	$(PY) -m bench.audit_versions --versions $(VERSIONS)
+
+# N and SEED as chaos takes them: only from the command line (N ?= 10000 above is generate's).
+bench-refresh: $(READY) ## Time `make refresh TABLE=gold` against gold from scratch on N events (default 200000) while a reader polls gold's row counts; results in bench-results/
+	$(PY) -m bench.refresh -n $(if $(filter command line,$(origin N)),$(N),200000) $(if $(filter command line,$(origin SEED)),--seed $(SEED))
 
 # `make bench N=20000` works too: N given on the command line wins over BENCH_N's default
 # (the N ?= 10000 above is generate's default and must not leak into the bench).
