@@ -117,6 +117,16 @@ class Execution:
     observed: dict             # observed metrics by name, each a dict
 
 
+def _plan_nodes(plan):
+    """Every node of a JVM SparkPlan, through py4j."""
+    pending = [plan]
+    while pending:
+        node = pending.pop()
+        yield node
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+
+
 def running_execution(spark, query) -> Execution:
     """The metrics of the micro-batch a query is running, read from its executed plan. Spark
     publishes them only in the progress report, after the batch has committed; accounting must
@@ -126,13 +136,8 @@ def running_execution(spark, query) -> Execution:
     context = query._jsq.streamingQuery().getLatestExecutionContext()
     execution = context.executionPlan()
     writer = spark._jvm.java.lang.Class.forName(_STATE_WRITER)
-    operators, pending = [], [execution.executedPlan()]
-    while pending:
-        node = pending.pop()
-        if writer.isInstance(node):
-            operators.append(json.loads(node.getProgress().json()))
-        children = node.children()
-        pending.extend(children.apply(i) for i in range(children.size()))
+    operators = [json.loads(node.getProgress().json()) for node in _plan_nodes(execution.executedPlan())
+                 if writer.isInstance(node)]
     metrics = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(execution.observedMetrics())
     seen = {name: json.loads(metrics.get(name).json()) for name in metrics.keySet()}
     return Execution(int(context.batchId()), int(context.currentTriggerStartTimestamp()), operators, seen)
@@ -155,17 +160,14 @@ def running_input(spark, query) -> tuple:
 
     plan = query._jsq.streamingQuery().getLatestExecutionContext().executionPlan().executedPlan()
     scan, writer = (spark._jvm.java.lang.Class.forName(c) for c in (_FILE_SCAN, _STATE_WRITER))
-    scans, marks, pending = [], [], [plan]
-    while pending:
-        node = pending.pop()
+    scans, marks = [], []
+    for node in _plan_nodes(plan):
         if scan.isInstance(node):
             scans.append(node)
         elif writer.isInstance(node):
             mark = node.eventTimeWatermarkForLateEvents()
             if mark.isDefined():
                 marks.append(int(mark.get()))
-        children = node.children()
-        pending.extend(children.apply(i) for i in range(children.size()))
     if len(scans) != 1 or len(set(marks)) != 1:
         return None, None
     return DataFrame(spark._jsparkSession.baseRelationToDataFrame(scans[0].relation()), spark), marks[0]

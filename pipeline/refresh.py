@@ -49,7 +49,7 @@ from pathlib import Path
 
 from common.errors import JobError, command
 from gold.owner import REFRESH, refresh_folder, refresh_state
-from pipeline.handover import code_version
+from pipeline import handover
 
 log = logging.getLogger("pipeline.refresh")     # also when run as __main__
 
@@ -184,7 +184,6 @@ def live_lock(cfg, target: Target, wait_s: float, state: dict):
     hand it over between two of its batches (pipeline/handover.py; withdraw the request once
     done); waits up to `wait_s` for it."""
     from common.checkpoint_lock import CheckpointBusy, CheckpointLocks
-    from pipeline import handover
 
     query, deadline, asked = target.query, time.monotonic() + wait_s, False
     while True:
@@ -302,7 +301,7 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
         discard(shadow)
         state = None
     if state is None:
-        state = {"id": uuid.uuid4().hex[:12], "phase": "building", "logic": logic, "code": code_version(),
+        state = {"id": uuid.uuid4().hex[:12], "phase": "building", "logic": logic, "code": handover.code_version(),
                  "profile": cfg.profile.name, "tables": [s.table for s in target.specs]}
         write_state(shadow, state)
     elif state["phase"] == "switching":
@@ -323,9 +322,7 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
         discard(shadow)
     finally:
         locks.__exit__()
-        from pipeline.handover import withdraw
-
-        withdraw(cfg, target.query)        # the live query (if it handed over) starts on the swap
+        handover.withdraw(cfg, target.query)        # the live query (if it handed over) starts on the swap
     return {"query": target.query, "id": state["id"], "tables": switched, "query_id": state["query_id"],
             "build_s": round(built - started, 1), "switch_s": round(time.monotonic() - built, 1)}
 
