@@ -323,6 +323,82 @@ def test_a_refresh_killed_during_its_switch_is_finished_by_running_it_again(spar
     forget_names(spark)
 
 
+def test_a_refresh_killed_while_it_builds_leaves_the_live_tables_alone_and_resumes(spark, refreshed, tmp_path):
+    """kill -9 of a refresh process in the middle of its build (its shadow's first batch planned,
+    on a copy of the refreshed lakehouse, with a 5-minute gap): no live table or checkpoint has
+    changed, and the live gold run goes on by its own logic while the shadow waits. Running the
+    refresh again resumes the same refresh from the shadow's checkpoint (a batch the kill cut is
+    replayed once), reads what silver gained meanwhile, and switches once per table; the audit
+    proves every version of every gold table."""
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from pyspark.sql import functions as F
+
+    from audit.__main__ import run_audit
+    from common.lineage import parse
+
+    shutil.copytree(Path(str(refreshed["new"].root)), tmp_path / "lakehouse")
+    forget_names(spark)
+    # A file source's checkpoint names its landing folder's absolute path: the copy's bronze
+    # reads a landing of its own, from a checkpoint of its own.
+    live = config(tmp_path, LANDING=str(tmp_path / "landing"), **NEW_GAP)
+    shutil.rmtree(live.checkpoint("bronze_files"))
+    gap = {"LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP": "5 minutes"}
+    cfg = config(tmp_path, **gap)
+    before = {t: version(spark, live.table_path("gold", t)) for t in live.tables["gold"]}
+    live_id = checkpoint_id(live.checkpoint("gold"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), TRIGGER="available-now", PYTHONPATH=str(REPO), **gap)
+    shadow = Path(str(cfg.checkpoint_root)) / "_refresh" / "gold"
+    planned = shadow / "gold" / "offsets" / "0"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", "gold", "--wait", "5"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if planned.is_file():
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        assert proc.wait(60) == -signal.SIGKILL, "the refresh ended before its build's first batch"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = json.loads((shadow / "refresh.json").read_text())
+    assert state["phase"] == "building"
+    assert {t: version(spark, live.table_path("gold", t)) for t in live.tables["gold"]} == before
+    assert checkpoint_id(live.checkpoint("gold")) == live_id
+
+    # The live stream goes on meanwhile, by the logic it runs (a 10-minute gap).
+    landing = Path(str(live.landing))
+    landing.mkdir(parents=True)
+    (landing / ".round-4.tmp").write_text(record(("cam-0001", "17:00")) + "\n" + record(("cam-0001", "17:08")) + "\n")
+    (landing / ".round-4.tmp").rename(landing / "round-4.json")
+    run(spark, live, "bronze", "silver", "gold")
+    sessions = live.table_path("gold", "device_sessions")
+    at_17 = lambda: (spark.read.format("delta").load(sessions)  # noqa: E731
+                     .where((F.col("device_id") == "cam-0001") & (F.hour("session_start") == 17)).count())
+    assert at_17() == 1
+    assert checkpoint_id(live.checkpoint("gold")) == live_id
+
+    done = refresh(spark, cfg, "gold", wait_s=5)
+    assert done["id"] == state["id"], "the refresh started over instead of resuming"
+    assert checkpoint_id(cfg.checkpoint("gold")) == done["query_id"] != live_id
+    assert not shadow.exists()
+    for table in cfg.tables["gold"]:
+        rows = DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().select("userMetadata").collect()
+        switches = [m for m in map(parse, (r.userMetadata for r in rows)) if m and (m.get("refresh") or {}).get("id") == state["id"]]
+        assert len(switches) == 1, (table, switches)
+    assert at_17() == 2          # 17:00 and 17:08 by the 5-minute gap: the round reached the refreshed table
+    report = run_audit(spark, cfg)
+    assert report["ok"], report["failures"]
+    forget_names(spark)
+
+
 def test_a_table_is_refreshed_with_the_query_that_writes_it(env):
     """One query writes a selection of gold tables from one checkpoint: gold.<table> refreshes
     that query, the whole profile's unless the table runs in an --only query. No Spark."""
