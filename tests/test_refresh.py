@@ -267,19 +267,49 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(spark, cfg, tmp_path):
     assert not root.exists() or not any(root.rglob("*")), sorted(root.rglob("*"))
 
 
+def kill_refresh(tmp_path, env_extra: dict, ready, what: str) -> None:
+    """`lakehouse refresh gold` in a process of its own over tmp_path's lakehouse, killed -9 as
+    soon as `ready()`; fails if it ended before."""
+    import signal
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), TRIGGER="available-now", PYTHONPATH=str(REPO), **env_extra)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", "gold", "--wait", "5"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ready():
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        assert proc.wait(60) == -signal.SIGKILL, f"the refresh ended before {what}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def switched_once(spark, cfg, refresh_id: str) -> None:
+    """Every gold table has exactly one commit whose lineage names the refresh."""
+    from common.lineage import parse
+
+    for table in cfg.tables["gold"]:
+        rows = DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().select("userMetadata").collect()
+        switches = [m for m in map(parse, (r.userMetadata for r in rows)) if m and (m.get("refresh") or {}).get("id") == refresh_id]
+        assert len(switches) == 1, (table, switches)
+
+
 def test_a_refresh_killed_during_its_switch_is_finished_by_running_it_again(spark, refreshed, tmp_path):
     """kill -9 of a refresh process once its switch has begun (on a copy of the refreshed
     lakehouse, with a 5-minute gap this time): every table is whole, the old or the new; gold
     refuses to start until the refresh is run again, which finishes the switch once per table."""
     import json
     import shutil
-    import signal
-    import subprocess
-    import sys
 
     from audit.__main__ import run_audit
     from common.delta import last_lineage
-    from common.lineage import parse
     from pipeline.runner import start
 
     shutil.copytree(Path(str(refreshed["new"].root)), tmp_path / "lakehouse")
@@ -287,22 +317,9 @@ def test_a_refresh_killed_during_its_switch_is_finished_by_running_it_again(spar
     gap = {"LAKEHOUSE__GOLD__WINDOWS__SESSION_GAP": "5 minutes"}
     cfg = config(tmp_path, **gap)
     before = checkpoint_id(cfg.checkpoint("gold"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
-    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), TRIGGER="available-now", PYTHONPATH=str(REPO), **gap)
     state_file = Path(str(cfg.checkpoint_root)) / "_refresh" / "gold" / "refresh.json"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", "gold", "--wait", "5"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            if state_file.is_file() and json.loads(state_file.read_text()).get("phase") == "switching":
-                os.kill(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
-        assert proc.wait(60) == -signal.SIGKILL, "the refresh ended before its switch began"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_refresh(tmp_path, gap, lambda: state_file.is_file() and json.loads(state_file.read_text()).get("phase") == "switching",
+                 "its switch began")
     state = json.loads(state_file.read_text())
     for table in cfg.tables["gold"]:
         writer, _ = last_lineage(spark, cfg.table_path("gold", table))
@@ -312,10 +329,7 @@ def test_a_refresh_killed_during_its_switch_is_finished_by_running_it_again(spar
     done = refresh(spark, cfg, "gold", wait_s=5)
     assert done["id"] == state["id"] and checkpoint_id(cfg.checkpoint("gold")) == state["query_id"] != before
     assert not state_file.exists()
-    for table in cfg.tables["gold"]:
-        rows = DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().select("userMetadata").collect()
-        switches = [m for m in map(parse, (r.userMetadata for r in rows)) if m and (m.get("refresh") or {}).get("id") == state["id"]]
-        assert len(switches) == 1, (table, switches)
+    switched_once(spark, cfg, state["id"])
     report = run_audit(spark, cfg, "gold.device_sessions")
     assert report["ok"], report["failures"]
     last = prefix(report, "gold.device_sessions")[-1]
@@ -332,14 +346,10 @@ def test_a_refresh_killed_while_it_builds_leaves_the_live_tables_alone_and_resum
     proves every version of every gold table."""
     import json
     import shutil
-    import signal
-    import subprocess
-    import sys
 
     from pyspark.sql import functions as F
 
     from audit.__main__ import run_audit
-    from common.lineage import parse
 
     shutil.copytree(Path(str(refreshed["new"].root)), tmp_path / "lakehouse")
     forget_names(spark)
@@ -351,23 +361,8 @@ def test_a_refresh_killed_while_it_builds_leaves_the_live_tables_alone_and_resum
     cfg = config(tmp_path, **gap)
     before = {t: version(spark, live.table_path("gold", t)) for t in live.tables["gold"]}
     live_id = checkpoint_id(live.checkpoint("gold"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
-    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), TRIGGER="available-now", PYTHONPATH=str(REPO), **gap)
     shadow = Path(str(cfg.checkpoint_root)) / "_refresh" / "gold"
-    planned = shadow / "gold" / "offsets" / "0"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", "gold", "--wait", "5"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            if planned.is_file():
-                os.kill(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.02)
-        assert proc.wait(60) == -signal.SIGKILL, "the refresh ended before its build's first batch"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_refresh(tmp_path, gap, (shadow / "gold" / "offsets" / "0").is_file, "its build's first batch")
     state = json.loads((shadow / "refresh.json").read_text())
     assert state["phase"] == "building"
     assert {t: version(spark, live.table_path("gold", t)) for t in live.tables["gold"]} == before
@@ -389,10 +384,7 @@ def test_a_refresh_killed_while_it_builds_leaves_the_live_tables_alone_and_resum
     assert done["id"] == state["id"], "the refresh started over instead of resuming"
     assert checkpoint_id(cfg.checkpoint("gold")) == done["query_id"] != live_id
     assert not shadow.exists()
-    for table in cfg.tables["gold"]:
-        rows = DeltaTable.forPath(spark, cfg.table_path("gold", table)).history().select("userMetadata").collect()
-        switches = [m for m in map(parse, (r.userMetadata for r in rows)) if m and (m.get("refresh") or {}).get("id") == state["id"]]
-        assert len(switches) == 1, (table, switches)
+    switched_once(spark, cfg, state["id"])
     assert at_17() == 2          # 17:00 and 17:08 by the 5-minute gap: the round reached the refreshed table
     report = run_audit(spark, cfg)
     assert report["ok"], report["failures"]
