@@ -80,6 +80,7 @@ class SparkConf(Spec):
     jit: one_of("auto", "c1", "tiered")
     gc: one_of("auto", "parallel", "g1")
     class_archive: Bool
+    interpreted_below_rows: Int
 
 
 @spec

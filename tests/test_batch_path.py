@@ -307,3 +307,34 @@ def test_batches_planned_before_the_run_started_are_its_replays(tmp_path):
         _offsets(tmp_path, batch, batch, -1)
     (tmp_path / "offsets" / ".2.crc").write_text("")
     assert last_logged_batch(str(tmp_path)) == 2
+
+
+def test_a_batch_after_a_small_one_interprets_its_expressions_and_one_after_a_large_one_compiles(spark, env):
+    """conf spark.interpreted_below_rows (5 here): each batch of a real query, one source version
+    a batch, sets its session's expression mode from the rows the batch before read; a first
+    batch compiles. Either way the batch computes the same rows."""
+    from common import accounting
+    from common.batch import EXPRESSIONS, MicroBatch
+    from common.outputs import Result
+
+    cfg = load_config(env={**env, "LAKEHOUSE__SPARK__INTERPRETED_BELOW_ROWS": "5"})
+    source = str(Path(cfg.landing) / "sizes")
+    for n in (2, 2, 10, 3):
+        spark.range(n).coalesce(1).selectExpr("id", "cast(id * 1.5 AS DECIMAL(10, 2)) AS price").write.format("delta").mode("append").save(source)
+    seen = []
+    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint("sizes"), lambda p: {})
+
+    class Sizes(MicroBatch):
+        layer = "silver"
+
+        def compute(self, df, ctx):
+            total = df.selectExpr("sum(price * 2) AS s").first().s
+            seen.append((ctx.session.conf.get(EXPRESSIONS, None), df.count(), float(total)))
+            return Result({}, {})
+
+    query = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source).writeStream
+             .queryName("sizes").foreachBatch(Sizes(spark, cfg, "sizes", "bronze.events", {}, books))
+             .option("checkpointLocation", cfg.checkpoint("sizes")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    assert [s[:2] for s in seen] == [(None, 2), ("NO_CODEGEN", 2), ("NO_CODEGEN", 10), (None, 3)], seen
+    assert [s[2] for s in seen] == [3.0, 3.0, 135.0, 9.0]
