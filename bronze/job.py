@@ -101,6 +101,8 @@ class BronzeBatch(MicroBatch):
 
     layer = "bronze"
     counted_by = "events"
+    # Its input rows are files or messages, each of any number of records: compiled always.
+    sized_by_rows = False
 
     def __init__(self, spark, cfg, query: str, source: str, books):
         super().__init__(spark, cfg, query, None, {}, books,

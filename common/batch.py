@@ -89,6 +89,7 @@ class MicroBatch(QueryBody):
 
     outputs: tuple = ()
     counted_by: str | None = None
+    sized_by_rows: bool = True     # its input rows say its size (choose_expressions)
 
     def __init__(self, spark, cfg, query: str, upstream: str | None, gates: dict, books,
                  outputs: tuple = (), source: str | None = None):
@@ -129,7 +130,7 @@ class MicroBatch(QueryBody):
         watermark) is small, and one that reads is taken to be the size of the query's batch
         before it (a first batch is compiled). The setting is the query's own session's."""
         below = self.cfg.spark.interpreted_below_rows
-        if below <= 0:
+        if below <= 0 or not self.sized_by_rows:
             return
         rows = 0 if read_nothing(self.checkpoint, ctx.batch_id) else self.previous_rows()
         if rows is not None and rows < below:
