@@ -62,11 +62,17 @@ fetch: $(PY_STAMP) $(JAR_STAMP)
 # goes one package at a time, 28 s instead of pip's 52 s for the 63 packages on 2 cores, and a
 # fresh clone's setup waits on this step. uv itself comes from PyPI, pinned here (a setup tool,
 # not a dependency of the project). -b pins the isolated build of the project (setuptools) too.
+# Its cache lives in the git-ignored cache and is pruned after the install: pyspark comes from
+# PyPI as a source archive, and uv kept both its unpacked build tree (1.4 GB) and the wheel it
+# built (0.5 GB) per install, in the home folder, where a CI run ran out of disk. Pruning keeps
+# the built wheel (a second install does not rebuild it); the venv's files are hardlinks.
 UV_VERSION := 0.13.9
+UV         := UV_CACHE_DIR=$(CURDIR)/$(CACHE)/uv $(VENV)/bin/uv
 $(PY_STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(VENV)/bin/uv pip install -q --python $(PY) -c $(LOCK) -b $(LOCK) pip setuptools -e .
+	$(UV) pip install -q --python $(PY) -c $(LOCK) -b $(LOCK) pip setuptools -e .
+	$(UV) cache prune -q --ci
 	@touch $@
 
 lock: ## Re-resolve pyproject.toml's pins into requirements.lock in a scratch venv (then commit it)
@@ -96,6 +102,9 @@ $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3p
 	$(MVN) -f jvm/s3proxy/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/s3proxy
 	for d in spark kafka s3a s3proxy; do rm -rf $(CACHE)/jars/$$d && mv $(CACHE)/jars/.new/$$d $(CACHE)/jars/$$d; done
 	rm -rf $(CACHE)/jars/.new
+	@# The jars are copies of Maven's repository (0.8 GB, most of it the AWS SDK for s3a): one
+	@# inode each instead. Before the class archive is built, which is named after the jars' times.
+	@command -v hardlink >/dev/null && hardlink -c -q $(CACHE)/m2 $(CACHE)/jars || true
 	@touch $@
 
 # The 3-minute soak waits on its clock far more than it computes: it runs in a second pytest
