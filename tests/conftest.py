@@ -18,6 +18,29 @@ TABLES = load_config(env={}).tables    # the default (nest) profile's tables, by
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The whole suite took at most 620 MB of disk beyond what setup left (`df` every 20 s beside a
+# fresh-clone CI, the soak included); 1,000 leaves room. Below it the suite fails late and
+# everywhere at once (a CI run died 21 minutes in with 87 errors from ENOSPC): stop first.
+NEED_FREE_MB = int(os.environ.get("TEST_NEED_FREE_MB", 1000))
+
+
+def _free_mb(config) -> dict[str, int]:
+    import tempfile
+
+    places = {"temp": Path(config.option.basetemp or tempfile.gettempdir()), "repo": REPO}
+    return {k: shutil.disk_usage(p if p.exists() else p.parent).free >> 20 for k, p in places.items()}
+
+
+def pytest_report_header(config):
+    return "disk free: " + ", ".join(f"{k} {mb:,} MB" for k, mb in _free_mb(config).items())
+
+
+def pytest_sessionstart(session):
+    short = {k: mb for k, mb in _free_mb(session.config).items() if mb < NEED_FREE_MB}
+    if short:
+        pytest.exit(f"not enough disk for the suite: {', '.join(f'{k} has {mb:,} MB free' for k, mb in short.items())}; "
+                    f"it needs about {NEED_FREE_MB:,} MB (TEST_NEED_FREE_MB overrides)", returncode=4)
+
 
 @pytest.fixture(scope="session")
 def session_root(tmp_path_factory) -> Path:
