@@ -66,12 +66,16 @@ fetch: $(PY_STAMP) $(JAR_STAMP)
 # PyPI as a source archive, and uv kept both its unpacked build tree (1.4 GB) and the wheel it
 # built (0.5 GB) per install, in the home folder, where a CI run ran out of disk. Pruning keeps
 # the built wheel (a second install does not rebuild it); the venv's files are hardlinks.
+# --compile-bytecode: uv, unlike pip, leaves the .py files uncompiled, and where Python may not
+# write its cache (PYTHONDONTWRITEBYTECODE, as on this machine and CI) every process compiled
+# pyspark, pandas, pyarrow and GX again: 8.4 s to import them instead of 3.3 s, paid by every
+# run, every Python worker Spark starts and every test's subprocess (+14 s of setup, +155 MB).
 UV_VERSION := 0.13.9
 UV         := UV_CACHE_DIR=$(CURDIR)/$(CACHE)/uv $(VENV)/bin/uv
 $(PY_STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(UV) pip install -q --python $(PY) -c $(LOCK) -b $(LOCK) pip setuptools -e .
+	$(UV) pip install -q --compile-bytecode --python $(PY) -c $(LOCK) -b $(LOCK) pip setuptools -e .
 	$(UV) cache prune -q --ci
 	@touch $@
 
