@@ -218,6 +218,16 @@ Where the time goes is fixed costs, not rows:
   38.7 / 55.2 and 38.3 / 52.6 s; silver's batch median 9.2 / 9.8 s against 12.5 / 10.2 s, gold's
   11.9 / 12.6 s against 15.1 / 13.5 s. An analysis error no longer names the Python line that
   built the failing expression.
+- Python's bytecode: uv installs packages without compiling them (pip compiles by default), and
+  where Python may not write its cache (`PYTHONDONTWRITEBYTECODE`, set on this machine and in CI)
+  every process compiled what it imported again: the pipeline's driver, each Python worker Spark
+  starts for the sessions, each tool and test subprocess. Importing pyspark, pandas, pyarrow, GX
+  and delta took 8.4 s, 3.3 s compiled. Setup compiles the venv (`uv pip install
+  --compile-bytecode`: 14 s, 155 MB). A fresh `run-all`, alternated in one hour (2026-11-30),
+  without / with: 20,000 events 56.5 and 46.0 s (1.67x and 1.33x the baseline) against 41.5 and
+  43.3 s (1.35x and 1.30x); 200,000 events 74.7 s (1.60x) against 65.2 s (1.42x). The baseline
+  imports pyspark too and gains a little. The test suite's time did not move (2,639 s, 2,619 s):
+  its tests run in one process.
 - Start-up at 20,000 events (the largest gap to the baseline there): the session is ready after
   about 9 s, bronze's table after 3.5 s more (the first Delta operation of a cold JVM), and silver
   waits about 3 s after bronze for its dimension's seed, which ran beside bronze's batch. The GX
