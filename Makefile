@@ -177,8 +177,8 @@ restore: $(READY) ## Roll a table back to a version: TABLE=gold.x VERSION=3 (ask
 	@test -n "$(TABLE)" -a -n "$(VERSION)" || { echo "usage: make restore TABLE=<layer.table> VERSION=<version> [YES=1]" >&2; exit 2; }
 	@$(PY) -m audit.restore "$(TABLE)" "$(VERSION)" $(if $(YES),--yes)
 
-refresh: $(READY) ## Rebuild TABLE=gold (or gold.<table>) from silver beside the live tables, then switch readers in one commit per table; the pipeline keeps running (WAIT=seconds for a running gold query)
-	@test -n "$(TABLE)" || { echo "usage: make refresh TABLE=gold|gold.<table> [WAIT=seconds]" >&2; exit 2; }
+refresh: $(READY) ## Rebuild TABLE=gold (or gold.<table>) from silver, or TABLE=silver from bronze then gold, beside the live tables, then switch readers in one commit per table; the pipeline keeps running (WAIT=seconds for a running gold query)
+	@test -n "$(TABLE)" || { echo "usage: make refresh TABLE=gold|gold.<table>|silver [WAIT=seconds]" >&2; exit 2; }
 	@$(PY) -m pipeline.refresh "$(TABLE)" $(if $(WAIT),--wait "$(WAIT)")
 
 reset-gold: $(READY) ## Drop the gold tables and gold checkpoints so the next gold run rebuilds them from silver (asks first; YES=1 does not)

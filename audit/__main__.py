@@ -99,15 +99,17 @@ def run_audit(spark, cfg, only: str | None = None) -> dict:
                             ids if len(cuts) > 1 else None).as_dict()
 
     work = {name: (lambda name=name: gold(name)) for name in names if name.startswith("gold.")}
+    silver_ids = B.silver_writers(histories[silver_name] if silver_name in histories else
+                                  table_history(spark, silver_path) if silver_name in present else None)
     dimension = cfg.profile.dimension
     if silver_name in names and dimension and f"silver.{dimension.table}" in present:
         work[silver_name + " attribution"] = lambda: check_attribution(spark, cfg, silver_path, histories[silver_name])
     if (not only or only == "silver.late_events") and {"silver.late_events", "ops.batch_accounting"} <= present:
         work["late books"] = lambda: B.late_books(spark, paths["silver.late_events"],
-                                                  paths["ops.batch_accounting"]).as_dict()
+                                                  paths["ops.batch_accounting"], silver_ids).as_dict()
     if (not only or only in SILVER_BOOKS_TABLES) and SILVER_BOOKS_TABLES <= present:
-        work[silver_name + " books"] = lambda: B.silver_books(spark, cfg, paths, recorded).as_dict()
-        work[silver_name + " rescued"] = lambda: [c.as_dict() for c in B.rescued_books(spark, cfg, paths)]
+        work[silver_name + " books"] = lambda: B.silver_books(spark, cfg, paths, recorded, silver_ids).as_dict()
+        work[silver_name + " rescued"] = lambda: [c.as_dict() for c in B.rescued_books(spark, cfg, paths, silver_ids)]
     done = dict(zip(work, together(*work.values())))
     if silver_name + " attribution" in done:
         entries[silver_name]["attribution"] = done.pop(silver_name + " attribution")

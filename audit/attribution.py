@@ -21,6 +21,10 @@ def pins(silver_history) -> dict[int, int]:
     """silver_batch_id -> the dimension version its committed write joined."""
     out = {}
     for v in silver_history:
+        refresh = (v.lineage or {}).get("refresh") or {}
+        if refresh.get("layer") == "silver":     # every row replaced: the rebuild's batches' pins
+            out = {int(b): version for b, version in (refresh.get("pins") or {}).items()}
+            continue
         dims = (v.lineage or {}).get("dimensions")
         if dims and v.lineage.get("batch_id") is not None:
             out[v.lineage["batch_id"]] = next(iter(dims.values()))

@@ -57,7 +57,26 @@ def drops(spark, accounting_path: str, query, query_ids=None) -> dict[str, int]:
     return {"duplicates dropped": int(row.d), "too late dropped": int(row.l), "batches": int(row.n)}
 
 
-def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Version]) -> BooksCheck:
+def silver_writers(silver_history: list[Version] | None) -> set | None:
+    """The checkpoints whose batches made silver's rows as they are: the last silver refresh's
+    (pipeline/refresh_silver.py replaced every row, and the books of the checkpoint it replaced
+    with them), or None: every silver batch booked (never refreshed)."""
+    for v in reversed(silver_history or []):
+        refresh = (v.lineage or {}).get("refresh") or {}
+        if refresh.get("layer") == "silver":
+            return {v.lineage["query_id"]}
+    return None
+
+
+def _silver_rows(rows, query_ids: set | None):
+    """Accounting rows, silver's only those of `query_ids` (None: all)."""
+    if query_ids is None:
+        return rows
+    return rows.where((F.col("query") != "silver") | F.col("query_id").isin(sorted(query_ids)))
+
+
+def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Version],
+                 query_ids: set | None = None) -> BooksCheck:
     from silver import transform as ST
 
     lineage = last_lineage(accounting_history, "silver")
@@ -70,7 +89,7 @@ def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Ver
     bronze = read_version(spark, paths["bronze.events"], upstream)
     parsed = ST.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile,
                              cfg.silver.max_record_bytes)
-    d = drops(spark, paths["ops.batch_accounting"], "silver")
+    d = drops(spark, paths["ops.batch_accounting"], "silver", query_ids)
     left = {f"bronze@{upstream} parsed rows": parsed.count()}
     right = {"silver": spark.read.format("delta").load(paths[f"silver.{cfg.silver_table}"]).count(),
              "quarantine": spark.read.format("delta").load(paths["silver.quarantine"]).count(),
@@ -80,7 +99,7 @@ def silver_books(spark, cfg, paths: dict[str, str], accounting_history: list[Ver
                       note=f"bronze@{upstream} holds {bronze.count():,} records; {d['batches']} silver batches")
 
 
-def rescued_books(spark, cfg, paths: dict[str, str]) -> list[BooksCheck]:
+def rescued_books(spark, cfg, paths: dict[str, str], query_ids: set | None = None) -> list[BooksCheck]:
     """The schema contract's rescued data (silver/contract.py): the events and the keys silver's
     batches booked as rescued are silver's rows holding rescued data, and their keys."""
     from silver.contract import RESCUED_DATA
@@ -88,7 +107,8 @@ def rescued_books(spark, cfg, paths: dict[str, str]) -> list[BooksCheck]:
     silver = spark.read.format("delta").load(paths[f"silver.{cfg.silver_table}"])
     if RESCUED_DATA not in silver.columns:
         return [BooksCheck("silver rescued", "SKIP", note=f"silver has no {RESCUED_DATA} column yet")]
-    booked = (spark.read.format("delta").load(paths["ops.batch_accounting"]).where(F.col("query") == "silver")
+    booked = (_silver_rows(spark.read.format("delta").load(paths["ops.batch_accounting"]), query_ids)
+              .where(F.col("query") == "silver")
               .agg(F.coalesce(F.sum("events_rescued"), F.lit(0)), F.coalesce(F.sum("fields_rescued"), F.lit(0)))
               .first())
     held = (silver.where(F.col(RESCUED_DATA).isNotNull())
@@ -121,7 +141,7 @@ def gold_books(spark, name: str, query, silver_path: str, accounting_path: str,
     return BooksCheck(name, "PASS" if ok else "FAIL", left, right, note=f"{d['batches']} batches")
 
 
-def late_books(spark, late_path: str, accounting_path: str) -> BooksCheck:
+def late_books(spark, late_path: str, accounting_path: str, query_ids: set | None = None) -> BooksCheck:
     """Every event a silver or gold batch counted late is kept in silver.late_events
     (common/late.py), once: per query, the late events its batches counted since the table
     exists equal its rows there. (Batches before the table was created counted theirs only.)"""
@@ -129,7 +149,7 @@ def late_books(spark, late_path: str, accounting_path: str) -> BooksCheck:
 
     created = DeltaTable.forPath(spark, late_path).detail().first()["createdAt"]
     counted = {r["query"]: int(r["n"]) for r in
-               spark.read.format("delta").load(accounting_path)
+               _silver_rows(spark.read.format("delta").load(accounting_path), query_ids)
                .where(F.col("layer").isin("silver", "gold") & (F.col("recorded_at") >= F.lit(created)))
                .groupBy("query").agg(F.coalesce(F.sum("late_dropped"), F.lit(0)).alias("n")).collect()}
     kept = {r["found_by_query"]: int(r["n"]) for r in

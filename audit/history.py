@@ -85,6 +85,9 @@ def table_history(spark, path: str) -> list[Version]:
         if added is None and r.version > 0:
             # Overwrites, RESTORE and the like: count the multiset difference itself.
             before, after = read_version(spark, path, r.version - 1), read_version(spark, path, r.version)
+            # A column the commit added (schema evolution: a refresh's new field) is no row change.
+            common = [c for c in after.columns if c in set(before.columns)]
+            before, after = before.select(*common), after.select(*common)
             added, removed = after.exceptAll(before).count(), before.exceptAll(after).count()
         tagged = parse(r.userMetadata) or {}
         history.append(Version(r.version, r.timestamp, r.operation, added, removed,

@@ -34,6 +34,9 @@ def refresh_state(cfg, query: str) -> dict | None:
 
 def check_owner(spark, cfg, query: str, tables) -> None:
     """Refuse to start a query whose batches would make a table's rows wrong (see above)."""
+    from pipeline.refresh_silver import check_not_switching
+
+    check_not_switching(cfg, "gold")
     checkpoint = cfg.checkpoint(query)
     mine = checkpoint_id(checkpoint)          # None: no query has started on it yet
     state = refresh_state(cfg, query)

@@ -1,4 +1,5 @@
-"""Hand-over: a refresh switches gold while the process running it (run-all, run-gold) runs on.
+"""Hand-over: a refresh switches gold (or silver) while the process running it (run-all,
+run-gold, run-silver) runs on.
 
 The switch needs the live gold checkpoint to itself: the tables are overwritten and the
 checkpoint swapped between two of the live query's batches. A refresh that finds the
@@ -99,11 +100,10 @@ class HandOver:
     each goes on with."""
 
     def __init__(self, cfg, locks, queries, reload=None, poll_s: float = 0.5):
-        from gold.tables import logic_hash
-
         self.cfg, self.locks, self.reload, self.poll_s = cfg, locks, reload, poll_s
         self.paths = {q: request_path(cfg, q) for q in queries}
-        self.logic, self.code = logic_hash(cfg), code_version()     # what this process runs
+        self.logic = {layer: logic(layer, cfg) for layer in ("silver", "gold")}   # what this process runs
+        self.code = code_version()
 
     def asked(self, query: str) -> bool:
         path = self.paths.get(query)
@@ -139,28 +139,41 @@ class HandOver:
 
     def follow(self, run, asked: dict):
         """The flow that runs the refreshed tables' logic, or None (logged)."""
-        name, refresh = run.flow.name, asked.get("refresh", "?")
-        stay = (f"{name}: stays stopped in this process, so that no gold version mixes two logics "
-                "(bronze and silver go on); restart the process to run gold on the refreshed checkpoint")
+        name, refresh, layer = run.flow.name, asked.get("refresh", "?"), run.flow.layer
+        stay = (f"{name}: stays stopped in this process, so that no {layer} version mixes two logics "
+                "(the other layers go on); restart the process to run it on the refreshed checkpoint")
         if asked.get("code") not in (None, self.code):
-            log.error(f"refresh {refresh} rebuilt gold with code {asked['code']}; this process runs "
+            log.error(f"refresh {refresh} rebuilt {layer} with code {asked['code']}; this process runs "
                       f"{self.code}. {stay}")
             return None
-        if asked.get("logic") in (None, self.logic):
+        if asked.get("logic") in (None, self.logic[layer]):
             log.info(f"{name}: checkpoint back from refresh {refresh}; going on")
             return run.flow
-        from gold.job import layer
-        from gold.tables import logic_hash
-
         fresh = self.reload() if self.reload is not None else None
-        if fresh is None or logic_hash(fresh) != asked["logic"]:
-            log.error(f"refresh {refresh} rebuilt gold with other logic than this process runs, and "
+        if fresh is None or logic(layer, fresh) != asked["logic"]:
+            log.error(f"refresh {refresh} rebuilt {layer} with other logic than this process runs, and "
                       f"{'the configuration on disk gives yet another' if fresh else 'it cannot reload its own'}. {stay}")
             return None
-        only = set(asked["only"]) if asked.get("only") is not None else None
-        gold = layer(fresh, only=only)
-        gold.prepare(run.spark)
-        self.logic = asked["logic"]
+        if layer == "gold":
+            from gold.job import layer as gold_layer
+
+            only = set(asked["only"]) if asked.get("only") is not None else None
+            flows = gold_layer(fresh, only=only)
+        else:
+            from silver.job import layer as silver_layer
+
+            flows = silver_layer(fresh)
+        flows.prepare(run.spark)
+        self.logic[layer] = asked["logic"]
         log.info(f"{name}: checkpoint back from refresh {refresh}; runs its logic from now on "
                  f"(profile {fresh.profile.name} reloaded)")
-        return gold.flows[0]
+        return flows.flows[0]
+
+
+def logic(layer: str, cfg) -> str:
+    """The hash of what decides `layer`'s rows (a refresh's request names the one it built with)."""
+    if layer == "gold":
+        from gold.tables import logic_hash
+    else:
+        from pipeline.refresh_silver import logic_hash
+    return logic_hash(cfg)

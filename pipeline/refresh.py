@@ -30,7 +30,8 @@ swapped. Until then a gold run refuses to start (the tables' writer is not its c
 says to run the refresh again.
 
 Only one query writes a selection of gold tables, so refreshing one table refreshes the tables
-its query writes (every gold table, unless it runs with --only). Silver is not refreshed yet.
+its query writes (every gold table, unless it runs with --only). `refresh silver` is a cascade of
+silver's own rebuild and this one (pipeline/refresh_silver.py).
 Exit codes: 0 refreshed; 2 something to fix first (an unknown table, no silver, the live gold
 query not handed over within --wait).
 """
@@ -71,10 +72,19 @@ def resolve(cfg, name: str) -> Target:
 
     layer, _, table = name.partition(".")
     tables = for_config(cfg)
-    known = ", ".join(["gold", *(f"gold.{t.table}" for t in tables)])
-    if layer in ("silver", "bronze"):
-        raise JobError(f"refresh {name}: refreshing {layer} is not supported yet; refresh gold "
-                       f"instead ({known})")
+    known = ", ".join(["silver", "gold", *(f"gold.{t.table}" for t in tables)])
+    if layer == "bronze":
+        raise JobError(f"refresh {name}: bronze is the raw record, never recomputed; refresh silver "
+                       f"(which rebuilds gold after it) or gold ({known})")
+    if layer == "silver":
+        from common import late
+
+        made = [cfg.silver_table, "quarantine", late.TABLE]
+        if table and table not in made:
+            raise JobError(f"refresh {name}: not a table the silver query computes (it writes "
+                           f"{', '.join(f'silver.{t}' for t in made)}; silver.device_locations is "
+                           f"loaded from a file: `lakehouse locations load`)")
+        return Target("silver", (), None)     # one query writes them all: the layer is refreshed
     if layer != "gold" or (table and table not in {t.table for t in tables}):
         raise JobError(f"refresh {name}: unknown table for profile {cfg.profile.name} (known: {known})")
     everything = Target(query_name(cfg, tables), tuple(tables), None)
@@ -194,12 +204,12 @@ def live_lock(cfg, target: Target, wait_s: float, state: dict):
             if not asked:
                 handover.ask(cfg, query, state["id"], state["logic"]["hash"], state["code"], target.only)
                 asked = True
-                log.info(f"refresh {query}: the live gold query runs ({e}); asked it to hand its "
+                log.info(f"refresh {query}: the live {query} query runs ({e}); asked it to hand its "
                          f"checkpoint over after its current batch")
             if time.monotonic() >= deadline:
                 handover.withdraw(cfg, query)
                 raise JobError(
-                    f"refresh {query}: the shadow tables are built and caught up, but the live gold "
+                    f"refresh {query}: the shadow tables are built and caught up, but the live {query} "
                     f"query did not hand its checkpoint over within {wait_s:.0f} s ({e}). A pipeline "
                     f"process (run-all, run-gold with a processing-time trigger) hands it over between "
                     f"two batches, so its batch is still running or the process does not take "
@@ -276,16 +286,27 @@ def switch(spark, cfg, shadow: ShadowConfig, target: Target, state: dict) -> lis
     return [(spec.table, v) for spec, v in zip(target.specs, versions)]
 
 
-def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -> dict:
-    """Refresh `name` (see the module's doc); returns what it did."""
-    from common.internals import checkpoint_id
-    from common.storage import ObjectPath, is_delta_table, location
-    from gold.tables import logic_hash
+def on_local_disk(cfg) -> None:
+    from common.storage import ObjectPath, location
 
-    target = resolve(cfg, name)
     if any(isinstance(location(str(p)), ObjectPath) for p in (cfg.root, cfg.checkpoint_root)):
         raise JobError("refresh on an object store (s3a://) is not supported yet: it renames checkpoint "
                        "folders, which only a local file system does in one step")
+
+
+def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS, held=None) -> dict:
+    """Refresh `name` (see the module's doc); returns what it did. `held`: the live gold
+    checkpoint's lock, already taken (a silver refresh holds it from before silver's switch)."""
+    from common.internals import checkpoint_id
+    from common.storage import is_delta_table
+    from gold.tables import logic_hash
+
+    target = resolve(cfg, name)
+    if target.query == "silver":
+        from pipeline.refresh_silver import refresh_silver
+
+        return refresh_silver(spark, cfg, wait_s, rounds)
+    on_local_disk(cfg)
     silver = cfg.table_path("silver", cfg.silver_table)
     if not is_delta_table(silver):
         raise JobError(f"refresh {name}: silver table {silver} does not exist yet: nothing to refresh "
@@ -309,7 +330,7 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
     if state["phase"] == "building":
         build(spark, cfg, shadow, target, rounds)
     built = time.monotonic()
-    locks = live_lock(cfg, target, wait_s, state)
+    locks = held or live_lock(cfg, target, wait_s, state)
     try:
         if state["phase"] == "building":
             done = covered(shadow, target.query)
@@ -321,8 +342,9 @@ def refresh(spark, cfg, name: str, wait_s: float = 60.0, rounds: int = ROUNDS) -
         switched = switch(spark, cfg, shadow, target, state)
         discard(shadow)
     finally:
-        locks.__exit__()
-        handover.withdraw(cfg, target.query)        # the live query (if it handed over) starts on the swap
+        if held is None:
+            locks.__exit__()
+            handover.withdraw(cfg, target.query)    # the live query (if it handed over) starts on the swap
     return {"query": target.query, "id": state["id"], "tables": switched, "query_id": state["query_id"],
             "build_s": round(built - started, 1), "switch_s": round(time.monotonic() - built, 1)}
 
@@ -334,7 +356,8 @@ def main(argv=None, prog: str = "refresh", spark=None) -> int:
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", help="gold (every gold table) or gold.<table>; silver is not supported yet")
+    parser.add_argument("table", help="gold (every gold table), gold.<table>, or silver (silver's tables, "
+                                      "then gold from them)")
     parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                         help="how long the switch waits for a running gold query to hand its checkpoint "
                              "over (default 60)")
@@ -354,7 +377,7 @@ def main(argv=None, prog: str = "refresh", spark=None) -> int:
             from common.spark import stop
 
             stop(spark)
-    tables = ", ".join(f"gold.{t} (version {v})" for t, v in done["tables"])
+    tables = ", ".join(f"{t if '.' in t else 'gold.' + t} (version {v})" for t, v in done["tables"])
     print(f"refreshed {tables}: built in {done['build_s']} s, switched in {done['switch_s']} s; "
           f"{done['query']} now runs on checkpoint {done['query_id']} (refresh {done['id']})")
     return 0

@@ -25,6 +25,7 @@ from common.flow import ORDER, Flow, Layer
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
+REFRESHED = ("silver", "gold")      # the layers `lakehouse refresh` rebuilds (pipeline/handover.py)
 
 
 class FlowRun:
@@ -347,7 +348,7 @@ class Runner:
         return max((code for _, code in self.failures), default=0)
 
     def _handover(self):
-        """Gold's flows hand their checkpoint over to a refresh that asks (a run that keeps
+        """Silver's and gold's flows hand their checkpoint over to a refresh that asks (a run that keeps
         going; local checkpoints, as the refresh)."""
         from common.storage import ObjectPath, location
         from pipeline.handover import HandOver
@@ -355,7 +356,7 @@ class Runner:
         if (self.cfg.streaming.trigger == "available-now" or self.locks is None
                 or isinstance(location(str(self.cfg.checkpoint_root)), ObjectPath)):
             return None
-        return HandOver(self.cfg, self.locks, [f.name for layer in self.layers if layer.name == "gold"
+        return HandOver(self.cfg, self.locks, [f.name for layer in self.layers if layer.name in REFRESHED
                                                for f in layer.flows], self.reload)
 
     def _start(self, layers: list[Layer], done: queue.Queue) -> list[FlowRun]:
@@ -365,7 +366,7 @@ class Runner:
         for layer in layers:
             for flow in layer.flows:
                 run = FlowRun(self.spark, flow, done, self.stop_all, self.cfg.checkpoint(flow.name),
-                              handover if layer.name == "gold" else None)
+                              handover if layer.name in REFRESHED else None)
                 run.thread.start()
                 runs.append(run)
             log.info(f"{layer.name}: {layer.describe} ({self.cfg.streaming.trigger})",

@@ -251,6 +251,9 @@ def progress_counts(progress: dict) -> dict:
 
 def start_query(spark, cfg, suite):
     """The silver query on tables that exist (the runner prepares them once, before)."""
+    from pipeline.refresh_silver import check_not_switching
+
+    check_not_switching(cfg, "silver")
     bronze_path = cfg.table_path("bronze", "events")
     bronze = (spark.readStream.format("delta")
               .option("maxFilesPerTrigger", cfg.silver.max_files_per_trigger).load(bronze_path))

@@ -49,6 +49,6 @@ def test_once_set_up_a_target_starts_its_tool_without_a_setup_check():
 
 
 def test_refresh_needs_a_table_and_hands_it_to_the_refresh():
-    assert "usage: make refresh TABLE=gold|gold.<table>" in make("-n", "refresh").stdout
+    assert "usage: make refresh TABLE=gold|gold.<table>|silver" in make("-n", "refresh").stdout
     planned = [line.strip() for line in make("-n", "refresh", "TABLE=gold.device_sessions", "WAIT=5").stdout.splitlines()]
     assert planned[-1] == '.venv/bin/python -m pipeline.refresh "gold.device_sessions" --wait "5"', planned

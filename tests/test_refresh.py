@@ -47,11 +47,11 @@ def config(root: Path, **extra: str):
     return load_config(env={**env, "LAKEHOUSE_ROOT": str(root / "lakehouse"), "TRIGGER": "available-now", **extra})
 
 
-def land(cfg, n: int) -> None:
+def land(cfg, n: int, rounds=ROUNDS) -> None:
     landing = Path(cfg.landing)
     landing.mkdir(parents=True, exist_ok=True)
     tmp = landing / f".round-{n}.tmp"
-    tmp.write_text("\n".join(ROUNDS[n]) + "\n")
+    tmp.write_text("\n".join(rounds[n]) + "\n")
     tmp.rename(landing / f"round-{n}.json")
 
 
@@ -84,6 +84,15 @@ class Reader(threading.Thread):
                 self.seen.append((v, n))
         except BaseException as e:   # noqa: BLE001 - the test raises it
             self.error = e
+
+    def read_through(self, version: int, seconds: float = 120) -> None:
+        """Stop once it has read `version` (the switched one) or later; raise what it met."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.error is None and not any(v >= version for v, _ in self.seen):
+            time.sleep(0.2)
+        self.stop.set()
+        self.join()
+        assert self.error is None, self.error
 
 
 def switch_version(spark, path: str) -> tuple[int, dict]:
@@ -131,12 +140,7 @@ def refreshed(spark, tmp_path_factory):
     took = time.monotonic() - started
     feeder.join()
     switched = dict(done["tables"])["device_sessions"]
-    deadline = time.monotonic() + 120      # until the reader has read the switched table too
-    while time.monotonic() < deadline and reader.error is None and not any(v >= switched for v, _ in reader.seen):
-        time.sleep(0.2)
-    reader.stop.set()
-    reader.join()
-    assert reader.error is None, reader.error
+    reader.read_through(switched)
     assert fed.is_set()
     land(new, 3)
     # The live stream, on the refresh's checkpoint: what silver gained after the switch's last
@@ -256,19 +260,25 @@ def test_the_change_feed_rebuilds_gold_through_the_refresh_and_a_backfill_after_
 
 def test_bad_input_gets_a_clear_error_and_changes_nothing(spark, cfg, tmp_path):
     root = Path(str(cfg.root))
-    with pytest.raises(JobError, match=r"gold.nope: unknown table for profile nest \(known: gold, gold.zip_hourly"):
+    with pytest.raises(JobError, match=r"gold.nope: unknown table for profile nest \(known: silver, gold, gold.zip_hourly"):
         refresh(spark, cfg, "gold.nope")
-    with pytest.raises(JobError, match="refreshing silver is not supported yet"):
-        refresh(spark, cfg, "silver")
+    with pytest.raises(JobError, match="silver.nope: not a table the silver query computes"):
+        refresh(spark, cfg, "silver.nope")
+    with pytest.raises(JobError, match="silver.device_locations is loaded from a file"):
+        refresh(spark, cfg, "silver.device_locations")
+    with pytest.raises(JobError, match="bronze is the raw record"):
+        refresh(spark, cfg, "bronze")
     with pytest.raises(JobError, match="unknown table"):
         refresh(spark, cfg, "platinum")
     with pytest.raises(JobError, match=r"silver table .* does not exist yet"):
         refresh(spark, cfg, "gold")
+    with pytest.raises(JobError, match=r"refresh silver: bronze table .* does not exist yet"):
+        refresh(spark, cfg, "silver")
     assert not root.exists() or not any(root.rglob("*")), sorted(root.rglob("*"))
 
 
-def kill_refresh(tmp_path, env_extra: dict, ready, what: str) -> None:
-    """`lakehouse refresh gold` in a process of its own over tmp_path's lakehouse, killed -9 as
+def kill_refresh(tmp_path, env_extra: dict, ready, what: str, table: str = "gold") -> None:
+    """`lakehouse refresh <table>` in a process of its own over tmp_path's lakehouse, killed -9 as
     soon as `ready()`; fails if it ended before."""
     import signal
     import subprocess
@@ -276,7 +286,7 @@ def kill_refresh(tmp_path, env_extra: dict, ready, what: str) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE__")}
     env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), TRIGGER="available-now", PYTHONPATH=str(REPO), **env_extra)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", "gold", "--wait", "5"], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.refresh", table, "--wait", "5"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600
@@ -406,6 +416,54 @@ def test_a_table_is_refreshed_with_the_query_that_writes_it(env):
     assert chose("gold.device_activity") == every
 
 
+def start_run_all(tmp_path: Path, **env_extra: str):
+    """A processing-time run-all in a process of its own on tmp_path's lakehouse: (process, log)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")
+           and not k.startswith("LAKEHOUSE__")}
+    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), PYTHONPATH=str(REPO),
+               LAKEHOUSE__STREAMING__BRONZE_INTERVAL="1 second", **env_extra)
+    log_path = tmp_path / "run-all.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--trigger", "processing-time"], cwd=REPO,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log_path
+
+
+def stop_run_all(proc, log_path: Path) -> None:
+    """SIGTERM stops every query after its batch: the process exits 0."""
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(180) == 0, log_path.read_text()[-3000:]
+
+
+def kill_run_all(proc) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def waiter(proc, log_path: Path):
+    """wait_for(what, ready, seconds): until ready() is true, while the process runs."""
+    def wait_for(what: str, ready, seconds: float = 300) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"run-all ended (exit {proc.returncode}): {log_path.read_text()[-3000:]}"
+            try:
+                if ready():
+                    return
+            except Exception:       # noqa: BLE001 - a table not there yet
+                pass
+            time.sleep(1)
+        raise AssertionError(f"timed out waiting for {what}: {log_path.read_text()[-3000:]}")
+    return wait_for
+
+
 def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_after(spark, tmp_path):
     """run-all streams in a process of its own (processing-time) with a copy of conf/. The
     session gap is changed on disk and gold refreshed: the process hands gold's checkpoint over
@@ -413,9 +471,6 @@ def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_af
     runs gold by the new gap on the refreshed checkpoint: the next round is folded in by it, and
     the audit proves every version."""
     import shutil
-    import signal
-    import subprocess
-    import sys
 
     from pyspark.sql import functions as F
 
@@ -430,28 +485,9 @@ def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_af
     old.locations_csv.write_text(LOCATIONS)
     land(old, 0)
     land(old, 1)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LANDING", "CHECKPOINT_ROOT", "REFERENCE_DIR", "SOURCE", "TRIGGER")
-           and not k.startswith("LAKEHOUSE__")}
-    env.update(LAKEHOUSE_ROOT=str(tmp_path / "lakehouse"), LAKEHOUSE_CONF=str(conf_file), PYTHONPATH=str(REPO),
-               LAKEHOUSE__STREAMING__BRONZE_INTERVAL="1 second")
-    log_path = tmp_path / "run-all.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--trigger", "processing-time"], cwd=REPO,
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, log_path = start_run_all(tmp_path, LAKEHOUSE_CONF=str(conf_file))
     sessions = old.table_path("gold", "device_sessions")
-
-    def wait_for(what: str, ready, seconds: float = 300) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"run-all ended (exit {proc.returncode}): {log_path.read_text()[-3000:]}"
-            try:
-                if ready():
-                    return
-            except Exception:       # noqa: BLE001 - a table not there yet
-                pass
-            time.sleep(1)
-        raise AssertionError(f"timed out waiting for {what}: {log_path.read_text()[-3000:]}")
+    wait_for = waiter(proc, log_path)
 
     def starts(device: str, hour: int) -> int:
         return (spark.read.format("delta").load(sessions)
@@ -472,12 +508,9 @@ def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_af
         _, switched = switch_version(spark, sessions)
         assert writer["query_id"] == done["query_id"] and writer["logic"]["hash"] == logic_hash(new)
         assert writer["batch_id"] > switched["batch_id"]    # a batch of the live process, after the switch
-        proc.send_signal(signal.SIGTERM)                # stops every query after its batch
-        code = proc.wait(180)
+        stop_run_all(proc, log_path)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert code == 0, log_path.read_text()[-3000:]
+        kill_run_all(proc)
     report = run_audit(spark, new)
     assert report["ok"], report["failures"]
     forget_names(spark)
