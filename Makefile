@@ -227,7 +227,7 @@ else
 endif
 	$(DEMO_NEXT)
 
-demo-day2: $(READY) ## Day two while the pipeline streams: a late backlog backfilled, a camera that moves, a drifting feed, a refresh, audit and change feed (lakehouse-day2/)
+demo-day2: $(READY) ## Day two while the pipeline streams: a late backlog backfilled, a camera that moves, a drifting feed, its new field declared and silver refreshed, a gold refresh, audit and change feed (lakehouse-day2/)
 	$(PY) -m console.day2 $(if $(N),-n $(N))
 
 status: $(READY) ## Each streaming query: latest batch, rates, lag, state size, last error (JSON=1)

@@ -47,14 +47,12 @@ def land(cfg, n: int) -> None:
 
 
 def declaring_battery(folder: Path) -> Path:
-    """The nest profile, with battery_level declared: read as text, typed double."""
-    text = (REPO / "conf" / "profiles" / "nest.yaml").read_text()
-    text = text.replace("is_online: STRING,", "is_online: STRING, battery_level: STRING,", 1)
-    text = text.replace("    - {name: is_online, type: boolean}\n",
-                        "    - {name: is_online, type: boolean}\n    - {name: battery_level, type: double}\n", 1)
-    assert "battery_level: STRING" in text and "name: battery_level" in text
+    """A profile folder holding the nest profile with battery_level declared (make demo-day2's)."""
+    from console.day2 import declare_battery
+
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "nest.yaml").write_text(text)
+    (folder / "nest.yaml").write_text((REPO / "conf" / "profiles" / "nest.yaml").read_text())
+    declare_battery(folder)
     return folder
 
 
