@@ -8,34 +8,16 @@ to the profile after the query has run would begin at silver's current position 
 miss its history."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from common.errors import JobError
 from common.delta import last_lineage
 from common.internals import checkpoint_id
 from common.lineage import last_logged_batch
+from common.refreshing import check_not_switching, refresh_folder, refresh_state
 from common.storage import is_delta_table
-
-
-# Where a refresh (pipeline/refresh.py) keeps a query's shadow checkpoint and its state.
-REFRESH = "_refresh"
-
-
-def refresh_folder(cfg, query: str) -> Path:
-    return Path(str(cfg.checkpoint_root)) / REFRESH / query
-
-
-def refresh_state(cfg, query: str) -> dict | None:
-    """The state of a refresh of `query` that has not finished (None: none)."""
-    path = refresh_folder(cfg, query) / "refresh.json"
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def check_owner(spark, cfg, query: str, tables) -> None:
     """Refuse to start a query whose batches would make a table's rows wrong (see above)."""
-    from pipeline.refresh_silver import check_not_switching
-
     check_not_switching(cfg, "gold")
     checkpoint = cfg.checkpoint(query)
     mine = checkpoint_id(checkpoint)          # None: no query has started on it yet

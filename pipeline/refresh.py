@@ -49,12 +49,12 @@ from itertools import combinations
 from pathlib import Path
 
 from common.errors import JobError, command
-from gold.owner import REFRESH, refresh_folder, refresh_state
+from common.refreshing import REFRESH, refresh_folder, refresh_state
 from pipeline import handover
 
 log = logging.getLogger("pipeline.refresh")     # also when run as __main__
 
-STATE = "refresh.json"          # gold/owner.py reads it too
+STATE = "refresh.json"          # common/refreshing.py reads it too
 ROUNDS = 4                     # build rounds before the switch: each reads what silver gained meanwhile
 
 

@@ -39,14 +39,13 @@ from pathlib import Path
 
 from common import late
 from common.errors import JobError
-from gold.owner import REFRESH, refresh_folder, refresh_state
+from common.refreshing import REFRESH, SILVER as QUERY, refresh_folder, refresh_state
 from pipeline import handover
 from pipeline.refresh import (ROUNDS, Target, covered, discard, latest_version, live_lock,
                               on_local_disk, write_state)
 
 log = logging.getLogger("pipeline.refresh")
 
-QUERY = "silver"
 SHADOWED = (("silver", late.TABLE), ("silver", "quarantine"), ("ops", "new_fields"), ("ops", "batch_accounting"))
 
 
@@ -86,19 +85,6 @@ class SilverShadow:
 
     def checkpoint(self, query: str) -> str:
         return str(self.checkpoint_root / query)
-
-
-def check_not_switching(cfg, layer: str) -> None:
-    """Refuse to run `layer` on a lakehouse a killed silver refresh left half switched."""
-    state = refresh_state(cfg, QUERY)
-    # Silver runs again once its tables are switched; gold once the refresh has rebuilt it too.
-    stopped = ("switching",) if layer == "silver" else ("switching", "gold")
-    if getattr(cfg, "shadow", False) or not state or state.get("phase") not in stopped:
-        return
-    where = "silver's tables" if state["phase"] == "switching" else "gold, after silver's switch"
-    raise JobError(f"a refresh of silver ({state.get('id')}) was stopped while switching {where} "
-                   f"({refresh_folder(cfg, QUERY)}): `lakehouse refresh silver` (make refresh "
-                   f"TABLE=silver) finishes it, then run {layer} again")
 
 
 def gold_query(cfg) -> str | None:

@@ -25,6 +25,7 @@ from common.flow import Flow, Layer, Started
 from common import late
 from common.internals import running_input
 from common.lineage import read_nothing
+from common.refreshing import check_not_switching
 from silver import contract as C
 from silver import drift as D
 from silver import transform as T
@@ -251,8 +252,6 @@ def progress_counts(progress: dict) -> dict:
 
 def start_query(spark, cfg, suite):
     """The silver query on tables that exist (the runner prepares them once, before)."""
-    from pipeline.refresh_silver import check_not_switching
-
     check_not_switching(cfg, "silver")
     bronze_path = cfg.table_path("bronze", "events")
     bronze = (spark.readStream.format("delta")
