@@ -261,16 +261,29 @@ def driver_memory(spark) -> dict[str, int]:
             "nonheap_used": int(bean.getNonHeapMemoryUsage().getUsed())}
 
 
+_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.StateStore"
+
+
 def stop_state_stores(spark) -> bool:
     """Stop the state stores' maintenance task and unload every provider (StateStore.stop, a JVM
     object with no Python API) before the session stops: Spark stops it only after SparkEnv is
     gone, and a maintenance run in between logs an IllegalStateException after a run that
-    succeeded. False if an upgrade moved it (the session then stops as before)."""
+    succeeded. False if an upgrade moved it (the session then stops as before).
+
+    The maintenance pool is stopped first, without the lock: StateStore.stop holds the providers'
+    lock while it waits for the pool (maintenanceShutdownTimeout, 300 s, then 60 s more), and a
+    maintenance thread that is asking the coordinator whether its store is still active waits for
+    that same lock. Spark 4.1.1 then stalls for 360 s (seen in CI; jstack shows both threads)."""
     try:
-        getattr(spark._jvm, "org.apache.spark.sql.execution.streaming.state.StateStore").stop()
-        return True
+        getattr(getattr(spark._jvm, _STATE_STORE + "$"), "MODULE$").stopMaintenanceTaskWithoutLock()
+        unlocked = True
+    except api_moved():
+        unlocked = False
+    try:
+        getattr(spark._jvm, _STATE_STORE).stop()
     except api_moved():
         return False
+    return unlocked
 
 
 # --- Spark's streaming checkpoint files ------------------------------------------------------

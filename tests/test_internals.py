@@ -156,17 +156,44 @@ def test_driver_memory(spark):
     assert set(memory) == {"heap_used", "nonheap_used"} and all(v > 0 for v in memory.values())
 
 
+def _dedup_once(spark, source: str, checkpoint: str):
+    query = (spark.readStream.schema("v INT").parquet(source).dropDuplicates(["v"])
+             .writeStream.format("noop").trigger(availableNow=True)
+             .option("checkpointLocation", checkpoint).start())
+    query.awaitTermination(120)
+    return query
+
+
 def test_stop_state_stores(spark, tmp_path):
     """Found and stopped; a stateful query started afterwards loads its stores again."""
     assert I.stop_state_stores(spark) is True
-    rows = spark.createDataFrame([(1,), (1,), (2,)], "v INT")
-    path = tmp_path / "in"
-    rows.write.parquet(str(path))
-    query = (spark.readStream.schema("v INT").parquet(str(path)).dropDuplicates(["v"])
-             .writeStream.format("noop").trigger(availableNow=True)
-             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
-    query.awaitTermination(120)
+    path = str(tmp_path / "in")
+    spark.createDataFrame([(1,), (1,), (2,)], "v INT").write.parquet(path)
+    query = _dedup_once(spark, path, str(tmp_path / "ckpt"))
     assert query.exception() is None and query.lastProgress["stateOperators"][0]["numRowsTotal"] == 2
+
+
+def test_stop_state_stores_while_maintenance_runs_does_not_deadlock(spark, tmp_path):
+    """StateStore.stop alone held the providers' lock while waiting for a maintenance thread that
+    needed it: 360 s of stall (Spark's shutdown timeouts) whenever a maintenance run was at that
+    step. Stopped right after a query, with maintenance every 100 ms, it raced often."""
+    import threading
+
+    key = "spark.sql.streaming.stateStore.maintenanceInterval"
+    before = spark.conf.get(key)
+    path = str(tmp_path / "in")
+    spark.range(400).selectExpr("CAST(id % 40 AS INT) AS v").write.parquet(path)
+    spark.conf.set(key, "100ms")
+    try:
+        for attempt in range(12):
+            assert _dedup_once(spark, path, str(tmp_path / f"ckpt{attempt}")).exception() is None
+            time.sleep(0.04 * (attempt % 6))
+            stopper = threading.Thread(target=I.stop_state_stores, args=(spark,), daemon=True)
+            stopper.start()
+            stopper.join(60)     # a liveness check: a healthy stop takes well under a second
+            assert not stopper.is_alive(), f"StateStore stop stalled after query {attempt}"
+    finally:
+        spark.conf.set(key, before)
 
 
 # --- Spark's checkpoint files ----------------------------------------------------------------
