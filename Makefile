@@ -121,7 +121,7 @@ BESIDE := tests/test_soak.py::test_short_soak_end_to_end
 test: $(READY) ## Run the whole test suite (real Spark, Delta and Kafka)
 	@log=$$(mktemp); \
 	nice -n 10 $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$log.tmp $(BESIDE) > $$log 2>&1 & beside=$$!; \
-	$(PY) -m pytest -q --durations=15 --deselect $(BESIDE); rest=$$?; \
+	$(PY) -m pytest -q --durations=40 --deselect $(BESIDE); rest=$$?; \
 	wait $$beside; alone=$$?; \
 	echo "--- beside the suite: $(BESIDE)"; cat $$log; rm -rf $$log $$log.tmp; \
 	test $$rest -eq 0 -a $$alone -eq 0

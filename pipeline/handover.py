@@ -1,21 +1,22 @@
-"""Hand-over: a refresh switches gold (or silver) while the process running it (run-all,
-run-gold, run-silver) runs on.
+"""Hand-over: a refresh switches a layer's tables while the process running that layer (run-all,
+run-silver, run-gold) runs on.
 
-The switch needs the live gold checkpoint to itself: the tables are overwritten and the
+The switch needs the layer's live checkpoint to itself: the tables are overwritten and the
 checkpoint swapped between two of the live query's batches. A refresh that finds the
 checkpoint held leaves a request beside it (`<query>.handover`: its pid and refresh id). The
 runner's flow of that query sees it between batches, stops the query after its batch, lends its
 checkpoint lock, and waits; the refresh takes the lock, switches, gives it back and withdraws the
-request; the flow takes the lock again and starts its query on the swapped checkpoint. Bronze and
-silver never stop, and gold pauses for the switch only.
+request; the flow takes the lock again and starts its query on the swapped checkpoint. A gold
+refresh holds gold only; a silver refresh holds gold, then silver (gold is rebuilt from the new
+silver before it goes on). Bronze never stops, and each held query pauses for its switch only.
 
 The refreshed tables follow the refresh's logic (its profile, its code), which the process may
 not run: a refresh usually follows a profile change. The request names both. Same logic: the
 flow starts again as it was. Another profile: the flow reloads the configuration the way the
 process loaded it at its start (conf, profile, environment, its flags) and, if that gives the
-refresh's logic, runs gold by it from then on. Anything else (other code, a profile on disk that
-differs again): gold stays stopped in this process, saying why, so no version mixes two logics;
-bronze and silver go on, and a restart runs gold on the refreshed checkpoint.
+refresh's logic, runs the layer by it from then on. Anything else (other code, a profile on disk
+that differs again): the layer stays stopped in this process, saying why, so no version mixes two
+logics; the layers before it go on, and a restart runs it on the refreshed checkpoint.
 
 A refresh killed meanwhile leaves its request behind: the flow sees that its pid is gone, removes
 it and goes on, on whichever checkpoint is in place (the next `lakehouse refresh` finishes a

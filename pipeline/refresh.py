@@ -219,23 +219,32 @@ def live_lock(cfg, target: Target, wait_s: float, state: dict):
             time.sleep(0.5)
 
 
-def switch_lineage(spark, shadow: ShadowConfig, spec, target: Target, state: dict) -> dict:
-    """The switch commit's lineage: the shadow table's last batch (what its rows hold), and the
-    refresh that made it."""
+def shadow_lineage(spark, path: str, checkpoint: str, query: str, upstream: str, **fallback) -> dict:
+    """The lineage of the shadow table's last batch (what its rows hold); if no batch wrote the
+    table (its upstream held nothing for it yet), the shadow query's last batch, with `fallback`."""
     from common.delta import last_lineage
-    from common.lineage import batch_lineage
     from common.internals import logged_batches
+    from common.lineage import batch_lineage
+    from common.storage import is_delta_table
 
-    lineage, _ = last_lineage(spark, shadow.table_path("gold", spec.table))
-    if lineage is None:       # no batch changed this table (silver holds no event for it yet)
-        checkpoint = shadow.checkpoint(target.query)
-        lineage = {**batch_lineage(checkpoint, target.query, max(logged_batches(checkpoint)),
-                                   f"silver.{shadow.silver_table}"),
-                   "logic": state["logic"]}
-    return {**lineage, "refresh": {
-        "id": state["id"], "made_by": "lakehouse refresh", "code": state["code"],
-        "profile": state["profile"], "logic": state["logic"]["hash"],
-        "silver_version": covered(shadow, target.query), "replaced_query_id": state.get("replaced_query_id")}}
+    lineage = last_lineage(spark, path)[0] if is_delta_table(path) else None
+    if lineage is None:
+        lineage = {**batch_lineage(checkpoint, query, max(logged_batches(checkpoint)), upstream), **fallback}
+    return lineage
+
+
+def made_by(state: dict, **more) -> dict:
+    """What a switch commit's lineage says of the refresh that made it."""
+    return {"id": state["id"], "made_by": "lakehouse refresh", **more, "code": state["code"],
+            "profile": state["profile"], "logic": state["logic"]["hash"],
+            "replaced_query_id": state.get("replaced_query_id")}
+
+
+def switch_lineage(spark, shadow: ShadowConfig, spec, target: Target, state: dict) -> dict:
+    """The switch commit's lineage: the shadow table's last batch, and the refresh that made it."""
+    lineage = shadow_lineage(spark, shadow.table_path("gold", spec.table), shadow.checkpoint(target.query),
+                             target.query, f"silver.{shadow.silver_table}", logic=state["logic"])
+    return {**lineage, "refresh": made_by(state, silver_version=covered(shadow, target.query))}
 
 
 def switch_table(spark, cfg, shadow: ShadowConfig, target: Target, state: dict, spec, silver_schema) -> int:

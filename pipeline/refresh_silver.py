@@ -40,9 +40,10 @@ from pathlib import Path
 from common import late
 from common.errors import JobError
 from common.refreshing import REFRESH, SILVER as QUERY, refresh_folder, refresh_state
+from common.storage import is_delta_table
 from pipeline import handover
-from pipeline.refresh import (ROUNDS, Target, covered, discard, latest_version, live_lock,
-                              on_local_disk, write_state)
+from pipeline.refresh import (ROUNDS, Target, covered, discard, latest_version, live_lock, made_by,
+                              on_local_disk, shadow_lineage, write_state)
 
 log = logging.getLogger("pipeline.refresh")
 
@@ -138,26 +139,11 @@ def pins(spark, path: str) -> dict[str, int]:
 
 
 def switch_lineage(spark, cfg, shadow: SilverShadow, state: dict, path: str, table: str) -> dict:
-    from common.delta import last_lineage
-    from common.internals import logged_batches
-    from common.lineage import batch_lineage
-
-    lineage, _ = last_lineage(spark, path) if _exists(path) else (None, [])
-    if lineage is None:          # no batch wrote this table
-        checkpoint = shadow.checkpoint(QUERY)
-        lineage = batch_lineage(checkpoint, QUERY, max(logged_batches(checkpoint)), "bronze.events")
-    refresh = {"id": state["id"], "made_by": "lakehouse refresh", "layer": "silver", "code": state["code"],
-               "profile": state["profile"], "logic": state["logic"]["hash"],
-               "bronze_version": covered(shadow, QUERY), "replaced_query_id": state.get("replaced_query_id")}
+    lineage = shadow_lineage(spark, path, shadow.checkpoint(QUERY), QUERY, "bronze.events")
+    refresh = made_by(state, layer="silver", bronze_version=covered(shadow, QUERY))
     if table == cfg.silver_table and cfg.profile.dimension:
         refresh["pins"] = pins(spark, path)
     return {**lineage, "refresh": refresh}
-
-
-def _exists(path: str) -> bool:
-    from common.storage import is_delta_table
-
-    return is_delta_table(path)
 
 
 def switch_table(spark, cfg, shadow: SilverShadow, state: dict, layer: str, table: str) -> tuple[str, int] | None:
@@ -168,13 +154,13 @@ def switch_table(spark, cfg, shadow: SilverShadow, state: dict, layer: str, tabl
 
     source, live = shadow.table_path(layer, table), cfg.table_path(layer, table)
     where = f"late_for = '{QUERY}'" if (layer, table) == ("silver", late.TABLE) else None
-    if not _exists(source):
-        if where is None or not _exists(live):
+    if not is_delta_table(source):
+        if where is None or not is_delta_table(live):
             return None          # nothing built, nothing to replace
         rows = spark.read.format("delta").load(live).limit(0)      # no late rows now: remove silver's
     else:
         rows = spark.read.format("delta").load(source)
-    if not _exists(live):
+    if not is_delta_table(live):
         ensure_table(spark, cfg, layer, table, rows.schema, (),
                      change_feed(cfg.silver.change_feed) if layer == "silver" else None)
     append = table == "batch_accounting"
@@ -221,7 +207,7 @@ def refresh_silver(spark, cfg, wait_s: float = 60.0, rounds: int = ROUNDS) -> di
 
     on_local_disk(cfg)
     bronze = cfg.table_path("bronze", "events")
-    if not _exists(bronze):
+    if not is_delta_table(bronze):
         raise JobError(f"refresh silver: bronze table {bronze} does not exist yet: nothing to refresh "
                        "silver from (run `make run-bronze` first)")
     gold = gold_query(cfg)

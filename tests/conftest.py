@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,8 +26,6 @@ NEED_FREE_MB = int(os.environ.get("TEST_NEED_FREE_MB", 1000))
 
 
 def _free_mb(config) -> dict[str, int]:
-    import tempfile
-
     places = {"temp": Path(config.option.basetemp or tempfile.gettempdir()), "repo": REPO}
     return {k: shutil.disk_usage(p if p.exists() else p.parent).free >> 20 for k, p in places.items()}
 
