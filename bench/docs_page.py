@@ -83,8 +83,12 @@ FIGURES = [
     ("h", "empty batches",
      "Per query, the median duration of its batches that read no row (they move the watermark, "
      "evict state, close sessions the watermark passed), from `ops.query_progress`: in (b)'s "
-     "`run-all` (each query's last, watermark-only batch) and in the streaming run of (d, e); "
-     "a query's first batch of a run is left out (it pays for the query's start).",
+     "`run-all` (each query's last, watermark-only batch), in the streaming run of (d, e) (on "
+     "saturated cores, behind the next files' tasks), and in a quiet feed: `run-all --trigger "
+     "processing-time` given a file of 500 events every 20 s (`--quiet-files`, `--quiet-gap`), "
+     "so each query runs the batch that closes what its watermark passed with the cores idle: "
+     "the batch's own cost. A query's first batch of a run is left out (it pays for the query's "
+     "start).",
      "empty"),
     ("i", "sustained throughput",
      "The feed stepped up (`--throughput-rates`, default 1,000, 2,000, 4,000 and 8,000 events/s, "

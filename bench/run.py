@@ -20,8 +20,9 @@
   g  the same three layers as plain Structured Streaming (bench/baseline.py: one session,
      available-now, append, no gates/accounting/lineage/MERGE) on its own fresh lakehouse over
      the same landing files, run after (b); `make run-all`'s wall over the baseline's wall
-  h  the median duration of batches that read no row, per query, in (b)'s run-all and in the
-     streaming run of (d, e)
+  h  the median duration of batches that read no row, per query, in (b)'s run-all, in the
+     streaming run of (d, e), and in a quiet feed (a small file every --quiet-gap seconds, so
+     each query closes what its watermark passed in a batch of its own on idle cores)
   i  sustained throughput: the feed stepped up (--throughput-rates, each step
      --throughput-seconds), the highest rate the pipeline keeps up with (backlog and latency
      not growing, bench/steady.py), the same for the plain run, and the ratio pipeline / plain
@@ -68,6 +69,8 @@ SPAN = "6 hours"
 # (d)'s light rate and the intervals both runs get at it (docs/benchmark.md says how they were
 # picked), and (i)'s steps.
 LIGHT_RATE = 200
+# (h)'s quiet feed: files of this many events, --quiet-files of them, --quiet-gap seconds apart.
+QUIET_EVENTS = 500
 LIGHT_INTERVAL = "30 seconds"
 THROUGHPUT_RATES = "1000,2000,4000,8000"
 
@@ -519,6 +522,37 @@ def state(session, cfg, span: dict) -> dict:
             "by_query": by_query}
 
 
+def quiet_phase(args, run_dir: Path):
+    """(h) a quiet feed: run-all --trigger processing-time (conf's intervals) on a fresh lakehouse
+    gets one small file every --quiet-gap seconds, its event time moving (d)'s span over the
+    feed. After each file's batches every stateful query has caught up, its watermark has moved,
+    and Spark runs the batch that closes what the watermark passed (sessions, windows), with
+    nothing else on the cores. In (d)'s heavy run those batches queue behind the next files'
+    tasks, so the two figures answer different questions: the batch's own cost, and what it
+    costs on saturated cores. Returns the run's config, for empty_batches."""
+    from tools.generator.events import Params, write_locations
+    from bench.feeder import Feeder, stream_params
+
+    env, cfg = pipeline_env(run_dir / "lakehouse-quiet", None)
+    params = stream_params(Params.from_config(cfg.generator), args.watermark_multiple * cfg.gold.watermark.seconds)
+    seconds = args.quiet_files * args.quiet_gap
+    feeder = Feeder(cfg.landing, params, args.seed, max(1, round(QUIET_EVENTS / args.quiet_gap)), seconds,
+                    tick=args.quiet_gap, prefix="part-quiet-")
+    write_locations(cfg.locations_csv, params.devices, cfg.silver.min_event_time)
+    cfg.landing.mkdir(parents=True, exist_ok=True)
+    log(f"(h) quiet feed: run-all --trigger processing-time, {len(feeder.chunks)} files of ~{QUIET_EVENTS} "
+        f"events, {args.quiet_gap:g} s apart")
+    proc, log_file = start_pipeline(env, run_dir / "run-all-quiet.log")
+    try:
+        wait_for_gold(proc, cfg, args.startup_timeout, log_file)
+        feeder.start()
+        feeder.join()
+        _wait(lambda: False, args.quiet_gap, proc, "the last file's batches")   # the last file's turn
+    finally:
+        stop_pipeline(proc, log_file)
+    return cfg
+
+
 def empty_batches(session, cfg) -> dict:
     """Per query, the median duration of its batches that read no row (they only move the
     watermark, or close what it passed: session timeouts), from ops.query_progress. The first
@@ -569,6 +603,9 @@ def parse_args(argv, prog: str = "python -m bench.run"):
                    help="(i) event-time seconds per second of feed (default 120: (d)'s 10 gold watermarks "
                         "in 300 s)")
     p.add_argument("--throughput-interval", help="(i) intervals of both runs, as --light-interval (default: --interval)")
+    p.add_argument("--quiet-files", type=int, default=6, help="(h) files in the quiet feed (default 6)")
+    p.add_argument("--quiet-gap", type=float, default=20,
+                   help="(h) seconds between the quiet feed's files (default 20)")
     p.add_argument("--watermark-multiple", type=float, default=10,
                    help="(e) event-time span of the feed, in gold watermarks (default 10)")
     p.add_argument("--keep", action="store_true", help="keep the benchmark lakehouses")
@@ -656,6 +693,10 @@ def measure_figures(args, run_dir: Path, env: dict, cfg, session, result: dict, 
             if "e" in args.sections:
                 result["state"] = phase("e", state, session, scfg, span)
             result.setdefault("empty_batches", {})["stream"] = phase("d,e", empty_batches, session, scfg)
+    if "h" in args.sections:
+        qcfg = phase("h", quiet_phase, args, run_dir)
+        if qcfg:
+            result.setdefault("empty_batches", {})["quiet"] = phase("h", empty_batches, session, qcfg)
     if "d" in args.sections and args.light_rate:
         # The light rate: same feed, seconds and event-time span, the light intervals for both runs.
         seconds = args.light_seconds or args.stream_seconds

@@ -260,7 +260,8 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
                     "stays open until new data comes",
                     f"{TARGETS['empty']}: {_mark(v['empty'])}"))
     if e:
-        names = {"run_all": "available-now run-all", "stream": "streaming phase"}
+        names = {"run_all": "available-now run-all", "stream": "streaming at (d)'s heavy rate",
+                 "quiet": "quiet feed"}
         value = "; ".join(f"{names.get(run, run)}: " + ", ".join(
             f"{q} {x['median_s']} s ({x['batches']})" for q, x in qs.items()) for run, qs in e.items())
         out.append(("(h) median duration of batches that read no row, per query (how many)", value,

@@ -110,6 +110,13 @@ def fake_sustained_pipeline(args, run_dir, rates, seconds, intervals):
     return {"steps": steps, **sustained(steps)}
 
 
+def fake_quiet_phase(args, run_dir):
+    """(h)'s quiet feed: the run's config (FakeSession answers its batches)."""
+    from common.config import load_config
+
+    return load_config(env=run.base_env(run_dir / "q"))
+
+
 def fake_stream_phase(args, run_dir, rate=None, seconds=None, intervals=None, tag=""):
     """(d): landing -> gold latencies of 30 files, through the bench's own percentiles; the light
     rate's are lower."""
@@ -142,6 +149,7 @@ def stand_in_for_the_outside(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "run_logged", fake_run_logged)
     monkeypatch.setattr(run, "generate", fake_generate)
     monkeypatch.setattr(run, "stream_phase", fake_stream_phase)
+    monkeypatch.setattr(run, "quiet_phase", fake_quiet_phase)
     monkeypatch.setattr(run, "sustained_pipeline", fake_sustained_pipeline)
     monkeypatch.setattr(run, "OUT", tmp_path / "bench-results")
     monkeypatch.setattr(docs_page, "DOCS", tmp_path / "docs" / "benchmark.md")
@@ -321,17 +329,19 @@ def test_only_takes_every_figure_the_help_lists():
 
 
 def test_only_h_runs_the_two_runs_it_times(tmp_path, monkeypatch):
-    """(h) reads the batches of (b)'s run-all and of the streaming run: `--only h` runs both."""
+    """(h) reads the batches of (b)'s run-all, of the streaming run and of a quiet feed: `--only h`
+    runs all three."""
     stand_in_for_the_outside(tmp_path, monkeypatch)
     assert run.main(["-n", str(EVENTS), "--only", "h"]) == 0
     [saved] = (tmp_path / "bench-results").glob("bench-*.json")
     record = json.loads(saved.read_text())
     assert record["sections"] == ["h"]
-    assert set(record["empty_batches"]) == {"run_all", "stream"}
+    assert set(record["empty_batches"]) == {"run_all", "stream", "quiet"}
     assert "ceiling" not in record and "baseline" not in record and "incremental" not in record
     assert "latency" not in record and "state" not in record
     (h,) = [r for r in summary.rows(record) if r[0].startswith("(h)")]
     assert "gold 1.5 s (2), silver 0.4 s (1)" in h[1]
+    assert "quiet feed: gold 1.5 s (2)" in h[1]
 
 
 def test_a_record_from_before_issue_60_still_renders(bench_run):
