@@ -85,7 +85,7 @@ FIGURES = [
      "evict state, close sessions the watermark passed), from `ops.query_progress`: in (b)'s "
      "`run-all` (each query's last, watermark-only batch), in the streaming run of (d, e) (on "
      "saturated cores, behind the next files' tasks), and in a quiet feed: `run-all --trigger "
-     "processing-time` given a file of 500 events every 20 s (`--quiet-files`, `--quiet-gap`), "
+     "processing-time` given a file of 500 events every 40 s (`--quiet-files`, `--quiet-gap`), "
      "so each query runs the batch that closes what its watermark passed with the cores idle: "
      "the batch's own cost. A query's first batch of a run is left out (it pays for the query's "
      "start).",
@@ -372,6 +372,30 @@ Where the time goes is fixed costs, not rows:
   ratio only to within a factor of two: finer steps around both runs' limits narrow it. Each
   step after the first starts from a drained run, so a step the run fell behind on does not
   load the next.
+- (h) has a third run since 2026-11-30, a quiet feed, because the other two cannot time a
+  watermark-only batch on its own: the available-now run has one per query, and at (d)'s heavy
+  rate they wait for cores behind the next files' tasks (gold 4.27 s (5), silver 4.05 s (1) in
+  `make bench ONLY=h BENCH_N=20000` that day). With 20 s between the quiet feed's files, gold
+  took 2.12 s (5) and silver 0.9 s (4): after a fresh start a file's batches take 25-30 s end to
+  end (bronze 1-4 s, silver 6-12 s, gold 10-15 s), so gold's closing batch still ran beside
+  silver's next one. With 40 s (the default now): gold 1.08 s (5), silver 1.04 s (5).
+- Where a batch's time goes at light load, job by job: `python -m bench.batch_profile` runs the
+  quiet feed with Spark's UI on and reads its REST API before the pipeline stops. On 2026-11-30
+  (four files, 40 s apart): silver's data batch (304 rows) took 2.01 s, 11 jobs covering 0.94 s
+  and 1.07 s in no job (the driver: the batch function's Python, GX, Delta's commits); silver's
+  watermark-only batch 0.49 s, one 88-ms job (the streaming plan) and 0.40 s in no job. Gold's
+  data batch (439 rows) took 8.76 s: 54 jobs covering 6.06 s, 2.70 s in none. Summed (the four
+  tables' jobs overlap): 26 scans of Delta tables, 5.06 s (12-13 tasks each: the folds' reads of
+  the live rows they change, the MERGEs' scans, the gate's views); 18 rebuilds of a table's
+  state for a new snapshot, 3.44 s (the transaction-key check and the MERGE's file listing of
+  each table); 8 reads of the batch's cache, 1.71 s (the first, 0.92 s, runs the streaming plan:
+  the sessions through Python); 2 appends of local rows, 0.52 s. Gold's watermark-only batch:
+  1.24 s, one 0.99-s job (the streaming plan: four state-store tasks and the sessions' timeouts
+  through Python) and 0.24 s in no job. The plain fresh gold pays, per batch, one table's
+  MERGE: its state rebuilt for the transaction key, one scan, one write, and a streaming
+  aggregation without Python. The pipeline pays that four times, plus a fold read per table;
+  the leads are one snapshot per table per batch (shared by the key check, the fold and the
+  MERGE) and one read of the live rows for both the fold and the MERGE.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.

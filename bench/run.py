@@ -522,18 +522,20 @@ def state(session, cfg, span: dict) -> dict:
             "by_query": by_query}
 
 
-def quiet_phase(args, run_dir: Path):
+def quiet_phase(args, run_dir: Path, extra_env: dict | None = None, before_stop=None):
     """(h) a quiet feed: run-all --trigger processing-time (conf's intervals) on a fresh lakehouse
     gets one small file every --quiet-gap seconds, its event time moving (d)'s span over the
     feed. After each file's batches every stateful query has caught up, its watermark has moved,
     and Spark runs the batch that closes what the watermark passed (sessions, windows), with
     nothing else on the cores. In (d)'s heavy run those batches queue behind the next files'
     tasks, so the two figures answer different questions: the batch's own cost, and what it
-    costs on saturated cores. Returns the run's config, for empty_batches."""
+    costs on saturated cores. `extra_env` and `before_stop` (called while the pipeline still
+    runs) are bench/batch_profile.py's. Returns the run's config, for empty_batches."""
     from tools.generator.events import Params, write_locations
     from bench.feeder import Feeder, stream_params
 
     env, cfg = pipeline_env(run_dir / "lakehouse-quiet", None)
+    env.update(extra_env or {})
     params = stream_params(Params.from_config(cfg.generator), args.watermark_multiple * cfg.gold.watermark.seconds)
     seconds = args.quiet_files * args.quiet_gap
     feeder = Feeder(cfg.landing, params, args.seed, max(1, round(QUIET_EVENTS / args.quiet_gap)), seconds,
@@ -548,6 +550,8 @@ def quiet_phase(args, run_dir: Path):
         feeder.start()
         feeder.join()
         _wait(lambda: False, args.quiet_gap, proc, "the last file's batches")   # the last file's turn
+        if before_stop is not None:
+            before_stop()
     finally:
         stop_pipeline(proc, log_file)
     return cfg
@@ -603,9 +607,10 @@ def parse_args(argv, prog: str = "python -m bench.run"):
                    help="(i) event-time seconds per second of feed (default 120: (d)'s 10 gold watermarks "
                         "in 300 s)")
     p.add_argument("--throughput-interval", help="(i) intervals of both runs, as --light-interval (default: --interval)")
-    p.add_argument("--quiet-files", type=int, default=6, help="(h) files in the quiet feed (default 6)")
-    p.add_argument("--quiet-gap", type=float, default=20,
-                   help="(h) seconds between the quiet feed's files (default 20)")
+    p.add_argument("--quiet-files", type=int, default=5, help="(h) files in the quiet feed (default 5)")
+    # 20 s was not quiet: after a fresh start one file's batches take 25-30 s end to end.
+    p.add_argument("--quiet-gap", type=float, default=40,
+                   help="(h) seconds between the quiet feed's files (default 40)")
     p.add_argument("--watermark-multiple", type=float, default=10,
                    help="(e) event-time span of the feed, in gold watermarks (default 10)")
     p.add_argument("--keep", action="store_true", help="keep the benchmark lakehouses")
