@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import urllib.request
 from datetime import datetime
@@ -52,7 +53,11 @@ def _ms(ts: str | None) -> float | None:
 def what(job: dict, executions: dict[int, dict]) -> str:
     """A job's label: Delta's description when it set one, else its SQL plan's first nodes."""
     desc = (job.get("description") or "").strip()
-    if desc and not desc.startswith(("\n", "id =")) and "runId" not in desc:
+    # Delta prefixes the streaming batch's description with "Delta: " and ends it with its own.
+    said = re.search(r"batch = \d+: (.+)$", desc)
+    if desc.startswith("Delta: ") and said:
+        return f"Delta: {said.group(1)}"[:90]
+    if desc and "runId" not in desc:
         return desc.splitlines()[0][:90]
     sql = executions.get(job["jobId"])
     if sql:
@@ -105,6 +110,8 @@ def kind(label: str) -> str:
         return "reads of the batch's cache (the first one runs the streaming plan and fills it)"
     if label.startswith("Scan parquet"):
         return "scans of Delta tables (folds, MERGE, gate views)"
+    if label.startswith("Delta: "):
+        return "Delta's own jobs (file filtering, MERGE's touched files, stats)"
     if label.startswith(("Range", "LocalTableScan")):
         return "local rows (accounting, lineage, ops appends)"
     return "other"

@@ -123,11 +123,12 @@ below, and marks each target met or MISSED; this page is written by the bench it
 make bench                      # BENCH_N events, default 1,000,000
 make bench BENCH_N=20000        # fewer events
 make bench ONLY=a,b,f,g         # a subset of the figures
-make bench ONLY=h               # (h) alone: runs (b)'s run-all and the (d, e) stream it times
+make bench ONLY=h               # (h) alone: runs (b)'s run-all, the (d, e) stream and the quiet feed it times
 make bench BENCH_ARGS="--rate 5000 --stream-seconds 300 --interval '2 seconds'"
 make bench ONLY=d BENCH_ARGS="--light-rate 200 --light-interval 'bronze=10 seconds,silver=10 seconds,gold=10 seconds'"
 make bench ONLY=i BENCH_ARGS="--throughput-rates 1000,2000 --throughput-seconds 40"   # a smoke run of (i)
 .venv/bin/python -m bench.run --help
+.venv/bin/python -m bench.batch_profile   # a light-load silver and gold batch, job by job (issue 60)
 ```
 
 The bench prints a table, then a summary line with each target marked. JSON and Markdown go to
@@ -378,24 +379,30 @@ Where the time goes is fixed costs, not rows:
   `make bench ONLY=h BENCH_N=20000` that day). With 20 s between the quiet feed's files, gold
   took 2.12 s (5) and silver 0.9 s (4): after a fresh start a file's batches take 25-30 s end to
   end (bronze 1-4 s, silver 6-12 s, gold 10-15 s), so gold's closing batch still ran beside
-  silver's next one. With 40 s (the default now): gold 1.08 s (5), silver 1.04 s (5).
+  silver's next one. With 40 s (the default now): gold 1.08 s (5), silver 1.04 s (5) in the
+  phase run alone, and gold 1.06 s (5), silver 1.41 s (5) in `make bench ONLY=h BENCH_N=20000`
+  (its heavy stream that time: gold 1.11 s (7), silver 1.71 s (1)). Those runs had no class
+  archive: it had gone stale (built for other jar stamps), and nothing said so; the JVM now
+  warns (`common/class_archive.py`).
 - Where a batch's time goes at light load, job by job: `python -m bench.batch_profile` runs the
   quiet feed with Spark's UI on and reads its REST API before the pipeline stops. On 2026-11-30
   (four files, 40 s apart): silver's data batch (304 rows) took 2.01 s, 11 jobs covering 0.94 s
   and 1.07 s in no job (the driver: the batch function's Python, GX, Delta's commits); silver's
   watermark-only batch 0.49 s, one 88-ms job (the streaming plan) and 0.40 s in no job. Gold's
   data batch (439 rows) took 8.76 s: 54 jobs covering 6.06 s, 2.70 s in none. Summed (the four
-  tables' jobs overlap): 26 scans of Delta tables, 5.06 s (12-13 tasks each: the folds' reads of
-  the live rows they change, the MERGEs' scans, the gate's views); 18 rebuilds of a table's
-  state for a new snapshot, 3.44 s (the transaction-key check and the MERGE's file listing of
-  each table); 8 reads of the batch's cache, 1.71 s (the first, 0.92 s, runs the streaming plan:
-  the sessions through Python); 2 appends of local rows, 0.52 s. Gold's watermark-only batch:
-  1.24 s, one 0.99-s job (the streaming plan: four state-store tasks and the sessions' timeouts
+  tables' jobs overlap): 22 scans of Delta tables, 3.51 s (12-13 tasks each: the folds' reads of
+  the live rows they change, the MERGEs' joins, the gate's views); 13 of Delta's own jobs, 2.86 s
+  (9 "Filtering files for query", 4 "Writing modified data - MERGE operation"); 9 rebuilds of a
+  table's state for a snapshot, 2.13 s; 8 reads of the batch's cache, 1.71 s (the first, 0.92
+  s, runs the streaming plan: the sessions through Python); 2 appends of local rows, 0.52 s.
+  Delta 4.4's defaults already keep a small table's file list and transaction keys in each
+  version's checksum (`allFilesInCrc`, `setTransactionsInCrc`); these state scans remain all the
+  same. Gold's watermark-only batch: 1.24 s, one 0.99-s job (the streaming plan: four state-store tasks and the sessions' timeouts
   through Python) and 0.24 s in no job. The plain fresh gold pays, per batch, one table's
   MERGE: its state rebuilt for the transaction key, one scan, one write, and a streaming
   aggregation without Python. The pipeline pays that four times, plus a fold read per table;
-  the leads are one snapshot per table per batch (shared by the key check, the fold and the
-  MERGE) and one read of the live rows for both the fold and the MERGE.
+  the leads are one file filtering per table per batch (shared by the fold and the MERGE, which
+  filter the same window range) and one read of the live rows for both.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.

@@ -17,7 +17,8 @@ def test_a_batch_s_jobs_are_its_run_s_within_its_span_and_their_union_is_what_th
     batch = {"query_name": "gold", "run_id": "run-1", "batch_id": 7, "input_rows": 439,
              "start_ms": base + 1_000, "batch_duration_ms": 4_000}
     jobs = [_job(1, "run-1", 1_000, 2_000),                     # the streaming plan
-            _job(2, "run-1", 1_500, 2_500, "Delta: Compute snapshot for version: 3"),   # beside it
+            _job(2, "run-1", 1_500, 2_500,                      # beside it
+                 "Delta: gold\nid = q\nrunId = run-1\nbatch = 7: Filtering files for query"),
             _job(3, "run-1", 3_000, 3_200),
             _job(4, "run-2", 1_200, 1_400),                     # another query's
             _job(5, "run-1", 5_500, 5_600)]                     # the next batch's
@@ -28,7 +29,7 @@ def test_a_batch_s_jobs_are_its_run_s_within_its_span_and_their_union_is_what_th
     assert [j["job"] for j in p["jobs"]] == [1, 2, 3]
     assert p["in_jobs_ms"] == 1_700 and p["outside_jobs_ms"] == 2_300     # [1.0, 2.5] + [3.0, 3.2]
     assert [j["what"] for j in p["jobs"]] == ["Scan ExistingRDD <- InMemoryTableScan <- CollectMetrics",
-                                              "Delta: Compute snapshot for version: 3", "Scan parquet <- Filter"]
+                                              "Delta: Filtering files for query", "Scan parquet <- Filter"]
     kinds = B.totals(p)
     assert kinds[B.kind("Scan parquet <- Filter")] == (1, 200)
     assert sum(n for n, _ in kinds.values()) == 3

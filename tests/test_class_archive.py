@@ -60,3 +60,17 @@ def test_unsigned_copies_hold_every_entry_of_the_signed_jar_but_its_signature():
             assert signature, f"{copy.name} was not signed"
             assert set(plain.namelist()) == set(signed.namelist()) - signature
             assert all(plain.read(n) == signed.read(n) for n in plain.namelist())
+
+
+def test_an_archive_built_for_other_jars_is_reported_once_and_not_mapped(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(class_archive, "ARCHIVE_DIR", tmp_path)
+    monkeypatch.setattr(class_archive, "archive_path", lambda: tmp_path / "driver-0123456789abcdef.jsa")
+    monkeypatch.setattr(class_archive, "_warned", set())
+    assert class_archive.driver_options() == ""
+    assert not caplog.records                      # none built at all: a fresh clone before setup
+    (tmp_path / "driver-fedcba9876543210.jsa").write_bytes(b"")
+    assert class_archive.driver_options() == class_archive.driver_options() == ""
+    assert [r.getMessage() for r in caplog.records if "class archive" in r.getMessage()] == [
+        f"the class archive in {tmp_path} was built for another JDK or other jars: the JVM starts "
+        "without it, several seconds slower (`make setup` rebuilds it)"]
+    assert class_archive.driver_options(enabled=False) == ""
