@@ -64,6 +64,11 @@ def backfilled_ids(spark, path: str) -> set[str]:
     return {lin[BACKFILL]["id"] for lin in (parse(r.userMetadata) for r in rows) if lin and BACKFILL in lin}
 
 
+class NotWrittenYet(JobError):
+    """No gold batch has written the table yet: nothing can be late for it, and a backfill has
+    no watermark to restate by. The backfill gold runs itself waits for its next batch."""
+
+
 def watermarks(spark, path: str, checkpoint: str | None = None) -> tuple[int, int]:
     """The table's last batch's watermark, by which the query's state store still holds the
     sessions it has not timed out, and its closing watermark, by which the table's rows are
@@ -74,7 +79,7 @@ def watermarks(spark, path: str, checkpoint: str | None = None) -> tuple[int, in
 
     lineage, outside = last_lineage(spark, path)
     if lineage is None:
-        raise JobError(f"{path}: no gold batch has written it yet, so nothing can be late for it")
+        raise NotWrittenYet(f"{path}: no gold batch has written it yet, so nothing can be late for it")
     if outside:
         version, operation = outside[-1]
         raise JobError(f"{path} was changed outside the pipeline ({operation} at version {version}); "
@@ -363,7 +368,15 @@ class InBatch:
         if asked is None and not due:
             return None
         since, until = (_time(asked[k]) if asked and asked.get(k) else None for k in ("from", "to"))
-        outcome = Backfill(spark, self.cfg).run(since, until)
+        try:
+            outcome = Backfill(spark, self.cfg).run(since, until)
+        except NotWrittenYet as waiting:
+            # The first batch of a gold whose tables exist but hold no batch yet (a first run on
+            # a silver that kept late events, or a restart after a kill before the first
+            # commit): this batch writes them, the next one backfills. The request and the
+            # pending events stay as they are.
+            logging.getLogger(__name__).info(f"backfill waits for gold's first batch: {waiting}")
+            return None
         if asked is not None:
             if outcome.pending_open:      # the request stands for what is left
                 where.write_text(json.dumps({**asked, "retry_at_ms": outcome.retry_at_ms}))

@@ -66,7 +66,7 @@ ROUNDS = [
 ]
 
 
-def run_round(spark, cfg, n: int, lines: list[str]) -> None:
+def run_round(spark, cfg, n: int, lines: list[str], layers=("bronze", "silver", "gold")) -> None:
     from pipeline.runner import start
 
     landing = Path(cfg.landing)
@@ -75,8 +75,9 @@ def run_round(spark, cfg, n: int, lines: list[str]) -> None:
     tmp.write_text("\n".join(lines) + "\n")
     tmp.rename(landing / f"round-{n}.json")
     # gold's quality gate is not what is audited here
-    for name, options in (("bronze", {"source": "files"}), ("silver", {}), ("gold", {"suites": {}})):
-        for query in start(spark, cfg, name, **options):
+    options = {"bronze": {"source": "files"}, "silver": {}, "gold": {"suites": {}}}
+    for name in layers:
+        for query in start(spark, cfg, name, **options[name]):
             query.awaitTermination()
 
 
@@ -527,6 +528,41 @@ def test_with_auto_backfill_gold_folds_late_events_in_after_the_delay(spark, lak
     report = run_audit(spark, cfg)
     assert report["ok"], report["failures"]
     forget_names(spark)
+
+
+def test_auto_backfill_due_before_gold_s_first_write_waits_for_the_next_batch(spark, tmp_path, caplog):
+    """Gold's tables exist but no batch wrote them (a first run whose first batch read no row, or
+    a restart after a kill before the first commit) while late events are pending and due: a
+    backfill has no watermark to restate by. The batch's backfill waits, changing nothing,
+    instead of failing the query (a chaos run's drain failed so, in the batch after a 0-row
+    one). Then gold runs and the audit passes."""
+    from common.delta import table_version
+    from gold.backfill import InBatch
+    from gold.job import prepare_gold
+    from gold.tables import for_config
+
+    cfg = lakehouse_config(tmp_path, LAKEHOUSE__GOLD__BACKFILL="auto", LAKEHOUSE__GOLD__BACKFILL_DELAY="1 millisecond")
+    cfg.locations_csv.parent.mkdir(parents=True, exist_ok=True)
+    cfg.locations_csv.write_text(LOCATIONS)
+    try:
+        for n, lines in enumerate(ROUNDS):
+            run_round(spark, cfg, n, lines, layers=("bronze", "silver"))
+        assert None in _backfilled(spark, cfg)              # silver kept late events; gold never ran
+        specs = for_config(cfg)
+        prepare_gold(spark, cfg, specs)                     # what gold's start does
+        in_batch = InBatch(cfg)
+        in_batch.found_late()
+        time.sleep(0.01)                                    # the delay has passed: due
+        caplog.set_level("INFO", logger="gold.backfill")
+        assert in_batch(spark, 0) is None
+        assert any("backfill waits for gold's first batch" in r.getMessage() for r in caplog.records)
+        assert {table_version(spark, cfg.table_path("gold", s.table)) for s in specs} == {0}
+        assert in_batch.late_since is not None              # still due: the next batch tries again
+        run_round(spark, cfg, len(ROUNDS), [record(("cam-0001", "18:00"))], layers=("gold",))
+        report = run_audit(spark, cfg)
+        assert report["ok"], report["failures"]
+    finally:
+        forget_names(spark)
 
 
 def test_audit_of_a_many_version_gold_table(spark, tmp_path):
