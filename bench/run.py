@@ -534,7 +534,9 @@ def quiet_phase(args, run_dir: Path, extra_env: dict | None = None, before_stop=
     from tools.generator.events import Params, write_locations
     from bench.feeder import Feeder, stream_params
 
-    env, cfg = pipeline_env(run_dir / "lakehouse-quiet", None)
+    root = run_dir / "lakehouse-quiet"
+    shutil.rmtree(root, ignore_errors=True)    # a run before this one would mix into its progress rows
+    env, cfg = pipeline_env(root, None)
     env.update(extra_env or {})
     params = stream_params(Params.from_config(cfg.generator), args.watermark_multiple * cfg.gold.watermark.seconds)
     seconds = args.quiet_files * args.quiet_gap
