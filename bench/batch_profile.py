@@ -72,7 +72,13 @@ def snapshot(port: int, app: str) -> dict:
     for e in rest(port, f"applications/{app}/sql?details=true&planDescription=false&length=100000"):
         for j in (e.get("successJobIds") or []) + (e.get("failedJobIds") or []) + (e.get("runningJobIds") or []):
             executions[j] = e
-    return {"jobs": jobs, "executions": {str(k): v for k, v in executions.items()}}
+    # Each stage's tasks' summed time: a job's wall beside its tasks' work tells a job that
+    # waited (for a core, for its shuffle's other side) from one that worked.
+    stages = {str(s["stageId"]): {"run_ms": s.get("executorRunTime", 0),
+                                  "cpu_ms": round(s.get("executorCpuTime", 0) / 1e6),
+                                  "deserialize_ms": s.get("executorDeserializeTime", 0)}
+              for s in rest(port, f"applications/{app}/stages")}
+    return {"jobs": jobs, "executions": {str(k): v for k, v in executions.items()}, "stages": stages}
 
 
 def batches(cfg, session) -> list[dict]:
@@ -83,7 +89,12 @@ def batches(cfg, session) -> list[dict]:
         f"WHERE event = 'progress' AND batch_id IS NOT NULL ORDER BY query_name, batch_id")
 
 
-def profile(batch: dict, jobs: list[dict], executions: dict[int, dict]) -> dict:
+def work(job: dict, stages: dict) -> int:
+    """The job's tasks' summed run time (ms), over the stages it ran (a skipped one is absent)."""
+    return sum(stages.get(str(s), {}).get("run_ms", 0) for s in job.get("stageIds", ()))
+
+
+def profile(batch: dict, jobs: list[dict], executions: dict[int, dict], stages: dict | None = None) -> dict:
     start, end = batch["start_ms"], batch["start_ms"] + batch["batch_duration_ms"]
     mine = []
     for j in jobs:
@@ -91,7 +102,7 @@ def profile(batch: dict, jobs: list[dict], executions: dict[int, dict]) -> dict:
         if t0 is None or t1 is None or j.get("jobGroup") != batch["run_id"] or not start <= t0 <= end:
             continue
         mine.append({"job": j["jobId"], "what": what(j, executions), "ms": round(t1 - t0),
-                     "tasks": j.get("numTasks"), "t0": t0, "t1": t1})
+                     "tasks": j.get("numTasks"), "t0": t0, "t1": t1, "task_ms": work(j, stages or {})})
     covered, last = 0.0, start
     for j in sorted(mine, key=lambda j: j["t0"]):
         if j["t1"] > last:
@@ -132,7 +143,8 @@ def render(p: dict) -> str:
            f"{p['outside_jobs_ms'] / 1000:.2f} s in no job (driver: Python, Delta commits, planning)"]
     t = p["jobs"][0]["t0"] if p["jobs"] else 0
     for j in p["jobs"]:
-        out.append(f"  +{(j['t0'] - t) / 1000:6.2f} s  {j['ms']:6,} ms  {j['tasks'] or 0:3} tasks  {j['what']}")
+        out.append(f"  +{(j['t0'] - t) / 1000:6.2f} s  {j['ms']:6,} ms  {j['tasks'] or 0:3} tasks "
+                   f"{j.get('task_ms', 0):6,} ms in tasks  {j['what']}")
     out.append("  by kind (job times summed; jobs run side by side, so they can exceed the wall):")
     out += [f"    {n:3} jobs {ms:7,} ms  {k}" for k, (n, ms) in totals(p).items()]
     return "\n".join(out)
@@ -166,7 +178,7 @@ def main(argv=None) -> int:
         for data in (True, False):
             kind = [b for b in mine if bool(b["input_rows"]) == data]
             if kind:
-                chosen.append(profile(kind[-1], seen["jobs"], executions))
+                chosen.append(profile(kind[-1], seen["jobs"], executions, seen["stages"]))
     (a.out / "profile.json").write_text(json.dumps({"batches": rows, "profiles": chosen, **seen}, indent=1, default=str))
     for prof in chosen:
         print(render(prof), end="\n\n")

@@ -44,6 +44,27 @@ class BatchContext:
         self.cached.append(df.persist())
         return df
 
+    def pin(self, df):
+        """`df` computed once (by its first job) and cut from its plan until the batch's writes
+        are done: for rows computed from a table the batch then writes. A cache follows its
+        plan's tables: a Delta commit to one re-plans every cached plan that reads it (Delta's
+        file-filtering jobs, two per table per batch in gold), and the next read of the cache
+        computes it again over the new version, so a gold batch's update read after its MERGE
+        folded the batch in twice. (AQE runs `df`'s shuffles here, its last stage in that job.)"""
+        pinned = df.localCheckpoint(eager=False)
+        self.cached.append(_Pinned(pinned))
+        return pinned
+
+
+class _Pinned:
+    """A local checkpoint's blocks, released like a cache (`unpersist`)."""
+
+    def __init__(self, df):
+        self.rdd = df._jdf.queryExecution().logical().rdd()
+
+    def unpersist(self):
+        self.rdd.unpersist(False)
+
 
 class QueryBody:
     """What every foreachBatch body knows of its query: the checkpoint, whose id prefixes the key

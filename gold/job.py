@@ -143,13 +143,14 @@ class GoldBatch(MicroBatch):
         return {**super().lineage(batch_id), "logic": self.logic}
 
     def fold(self, spec: GoldTable, batch: DataFrame, ctx: BatchContext, earliest: str | None) -> tuple | None:
-        """The table's update for the batch, cached, and its sizes; None if a replay finds the
-        batch already in the table (folding it in again would count it twice)."""
+        """The table's update for the batch, pinned (its MERGE changes the table it was read
+        from, BatchContext.pin), and its sizes; None if a replay finds the batch already in the
+        table (folding it in again would count it twice)."""
         out = self.merges[spec.table]
         if out.written(self.spark, ctx):
             return None
         current = lambda: DeltaTable.forPath(self.spark, out.path).toDF() if live_files(self.spark, out.path) else None  # noqa: E731
-        rows = ctx.keep(spec.updates(batch, current, ctx.lineage[CLOSES], earliest))
+        rows = ctx.pin(spec.updates(batch, current, ctx.lineage[CLOSES], earliest))
         return (spec, rows, *spec.sizes(rows))
 
     def compute(self, batch: DataFrame, ctx: BatchContext) -> Result:

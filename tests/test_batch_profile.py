@@ -6,17 +6,18 @@ from __future__ import annotations
 from bench import batch_profile as B
 
 
-def _job(job_id, group, t0, t1, description="", tasks=2):
+def _job(job_id, group, t0, t1, description="", tasks=2, stages=()):
     stamp = lambda ms: f"2026-11-30T10:00:{ms // 1000:02d}.{ms % 1000:03d}GMT"  # noqa: E731
     return {"jobId": job_id, "jobGroup": group, "submissionTime": stamp(t0), "completionTime": stamp(t1),
-            "description": description, "numTasks": tasks, "name": "run at NativeMethodAccessorImpl.java:0"}
+            "description": description, "numTasks": tasks, "name": "run at NativeMethodAccessorImpl.java:0",
+            "stageIds": list(stages)}
 
 
 def test_a_batch_s_jobs_are_its_run_s_within_its_span_and_their_union_is_what_they_cover():
     base = int(B._ms("2026-11-30T10:00:00.000GMT"))
     batch = {"query_name": "gold", "run_id": "run-1", "batch_id": 7, "input_rows": 439,
              "start_ms": base + 1_000, "batch_duration_ms": 4_000}
-    jobs = [_job(1, "run-1", 1_000, 2_000),                     # the streaming plan
+    jobs = [_job(1, "run-1", 1_000, 2_000, stages=(10, 11)),    # the streaming plan
             _job(2, "run-1", 1_500, 2_500,                      # beside it
                  "Delta: gold\nid = q\nrunId = run-1\nbatch = 7: Filtering files for query"),
             _job(3, "run-1", 3_000, 3_200),
@@ -25,8 +26,10 @@ def test_a_batch_s_jobs_are_its_run_s_within_its_span_and_their_union_is_what_th
     executions = {1: {"nodes": [{"nodeName": "Scan ExistingRDD"}, {"nodeName": "InMemoryTableScan"},
                                 {"nodeName": "CollectMetrics"}, {"nodeName": "Project"}]},
                   3: {"nodes": [{"nodeName": "Scan parquet"}, {"nodeName": "Filter"}]}}
-    p = B.profile(batch, jobs, executions)
+    stages = {"10": {"run_ms": 300}, "11": {"run_ms": 450}}     # stage 12 skipped: absent
+    p = B.profile(batch, jobs, executions, stages)
     assert [j["job"] for j in p["jobs"]] == [1, 2, 3]
+    assert [j["task_ms"] for j in p["jobs"]] == [750, 0, 0]
     assert p["in_jobs_ms"] == 1_700 and p["outside_jobs_ms"] == 2_300     # [1.0, 2.5] + [3.0, 3.2]
     assert [j["what"] for j in p["jobs"]] == ["Scan ExistingRDD <- InMemoryTableScan <- CollectMetrics",
                                               "Delta: Filtering files for query", "Scan parquet <- Filter"]

@@ -614,6 +614,42 @@ def test_a_replayed_batch_folds_into_each_table_exactly_once(spark, windowed, tm
     assert_one_row_per_key(read(spark, copy, "gold", spec.table), spec.keys)
 
 
+def test_a_batch_s_update_read_after_its_merge_holds_what_the_merge_wrote(spark, windowed, tmp_path):
+    """What a batch publishes (the stats topic) reads its update after, or while, the MERGE
+    commits it. A cache of the update follows the table it was folded from, so a read after
+    the commit computed it again over the new version: the batch folded in twice. A pinned
+    update (BatchContext.pin) keeps the values the MERGE wrote."""
+    from common.batch import BatchContext
+    from common.lineage import CLOSES
+    from gold import sinks
+    from gold.kinds import CLOSING, touched
+
+    cfg, _, _ = windowed
+    copy = copy_lakehouse(cfg, tmp_path)
+    spec = SPEC["sightings"]
+    path = copy.table_path("gold", spec.table)
+    closes = final_watermark(copy, GOLD)
+    # Events in windows the table holds open (the second append's newest), folded in again.
+    events = batch_events(spark, copy, 1).where(F.unix_millis("event_time") > closes)
+    assert events.count() > 0
+    body = GoldBatch(spark, copy, [spec], {}, _Books(), GOLD)
+    ctx = BatchContext(10_000, body.app_id, {CLOSES: closes}, replay=False, session=spark)
+    earliest = events.agg(F.date_format(F.min("event_time"), "yyyy-MM-dd HH:mm:ss.SSSSSS")).first()[0]
+    _, rows, n, _, hint = body.fold(spec, gold_input(spark, copy, events), ctx, earliest)
+    assert n > 0
+    cols = [c for c in rows.columns if c != CLOSING]
+    folded = bag(touched(rows), cols)
+    try:
+        sinks.merge(spark, path, spec, rows.drop(CLOSING), closes, ctx, hint)
+        after = bag(touched(rows), cols)
+    finally:
+        for kept in ctx.cached:
+            kept.unpersist()
+    assert after == folded, "the update read after its MERGE differs from the one merged"
+    table = read(spark, copy, "gold", spec.table)
+    assert bag(table, cols) & folded == folded, "the MERGE wrote the update's rows"
+
+
 def test_gold_tables_carry_their_kinds_constraints_and_a_write_breaking_one_commits_nothing(spark, windowed, tmp_path):
     """Each table holds, as Delta CHECK constraints, exactly what its kind declares (keys not
     NULL, counts not negative, ends after starts). A MERGE that breaks one fails naming it and
