@@ -119,6 +119,8 @@ def kind(label: str) -> str:
         return "Delta table state rebuilt (a new version's snapshot: transaction key, file list)"
     if "InMemoryTableScan" in label:
         return "reads of the batch's cache (the first one runs the streaming plan and fills it)"
+    if label.startswith("Scan ExistingRDD"):
+        return "reads of gold's pinned updates (the first one of each computes it: sizes)"
     if label.startswith("Scan parquet"):
         return "scans of Delta tables (folds, MERGE, gate views)"
     if label.startswith("Delta: "):
@@ -147,6 +149,22 @@ def render(p: dict) -> str:
                    f"{j.get('task_ms', 0):6,} ms in tasks  {j['what']}")
     out.append("  by kind (job times summed; jobs run side by side, so they can exceed the wall):")
     out += [f"    {n:3} jobs {ms:7,} ms  {k}" for k, (n, ms) in totals(p).items()]
+    return "\n".join(out)
+
+
+def medians(rows: list[dict]) -> str:
+    """Every batch of the run but each query's first, by query and kind: one batch's profile
+    is one sample, on a machine whose timings vary by ±15 %."""
+    from statistics import median
+
+    out = []
+    for layer in LAYERS:
+        for data in (True, False):
+            ms = [b["batch_duration_ms"] for b in rows
+                  if b["query_name"] == layer and b["batch_id"] > 0 and bool(b["input_rows"]) == data]
+            if ms:
+                out.append(f"{layer} {'data' if data else 'watermark-only'} batches: {len(ms)}, "
+                           f"median {median(ms) / 1000:.2f} s")
     return "\n".join(out)
 
 
@@ -182,6 +200,7 @@ def main(argv=None) -> int:
     (a.out / "profile.json").write_text(json.dumps({"batches": rows, "profiles": chosen, **seen}, indent=1, default=str))
     for prof in chosen:
         print(render(prof), end="\n\n")
+    print(medians(rows))
     print(f"raw: {a.out / 'profile.json'}")
     return 0
 

@@ -287,6 +287,11 @@ def _wait(predicate, timeout: float, proc=None, what="") -> bool:
     return False
 
 
+def _watch(proc, seconds: float, what: str) -> None:
+    """Let run-all work for `seconds`; a BenchError if it exits meanwhile."""
+    _wait(lambda: False, seconds, proc, what)
+
+
 def interval_env(spec: str | None) -> dict:
     """The environment that gives the pipeline and the plain runs the same trigger intervals:
     None -> conf's per-layer intervals; '10 seconds' -> TRIGGER_INTERVAL for every layer;
@@ -551,7 +556,7 @@ def quiet_phase(args, run_dir: Path, extra_env: dict | None = None, before_stop=
         wait_for_gold(proc, cfg, args.startup_timeout, log_file)
         feeder.start()
         feeder.join()
-        _wait(lambda: False, args.quiet_gap, proc, "the last file's batches")   # the last file's turn
+        _watch(proc, args.quiet_gap, "the last file's batches")
         if before_stop is not None:
             before_stop()
     finally:

@@ -38,3 +38,14 @@ def test_a_batch_s_jobs_are_its_run_s_within_its_span_and_their_union_is_what_th
     assert sum(n for n, _ in kinds.values()) == 3
     text = B.render(p)
     assert text.startswith("gold batch 7 (data, 439 rows): 4.00 s, 3 jobs covering 1.70 s, 2.30 s in no job")
+
+
+def test_medians_leave_out_each_query_s_first_batch_and_split_data_from_watermark_only():
+    rows = [{"query_name": "gold", "batch_id": 0, "input_rows": 500, "batch_duration_ms": 30_000},
+            {"query_name": "gold", "batch_id": 1, "input_rows": 400, "batch_duration_ms": 8_000},
+            {"query_name": "gold", "batch_id": 2, "input_rows": 0, "batch_duration_ms": 900},
+            {"query_name": "gold", "batch_id": 3, "input_rows": 300, "batch_duration_ms": 6_000},
+            {"query_name": "silver", "batch_id": 1, "input_rows": 0, "batch_duration_ms": 500}]
+    assert B.medians(rows).splitlines() == ["silver watermark-only batches: 1, median 0.50 s",
+                                            "gold data batches: 2, median 7.00 s",
+                                            "gold watermark-only batches: 1, median 0.90 s"]
