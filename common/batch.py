@@ -17,6 +17,7 @@ from typing import Any
 
 from common.delta import TXN, commit_metadata
 from common.errors import KeptFailure
+from common.internals import PinnedBlocks
 from common.lineage import (batch_lineage, checkpoint_query_id, last_logged_batch, read_nothing,
                             source_lineage)
 from common.outputs import Merge, Result, Update
@@ -52,18 +53,8 @@ class BatchContext:
         computes it again over the new version, so a gold batch's update read after its MERGE
         folded the batch in twice. (AQE runs `df`'s shuffles here, its last stage in that job.)"""
         pinned = df.localCheckpoint(eager=False)
-        self.cached.append(_Pinned(pinned))
+        self.cached.append(PinnedBlocks(pinned))
         return pinned
-
-
-class _Pinned:
-    """A local checkpoint's blocks, released like a cache (`unpersist`)."""
-
-    def __init__(self, df):
-        self.rdd = df._jdf.queryExecution().logical().rdd()
-
-    def unpersist(self):
-        self.rdd.unpersist(False)
 
 
 class QueryBody:

@@ -175,6 +175,17 @@ def running_input(spark, query) -> tuple:
 
 # --- Delta's cached snapshot -----------------------------------------------------------------
 
+class PinnedBlocks:
+    """A local checkpoint's blocks (DataFrame.localCheckpoint), released like a cache
+    (`unpersist`): PySpark gives no handle on the RDD behind the checkpointed plan."""
+
+    def __init__(self, df):
+        self.rdd = df._jdf.queryExecution().logical().rdd()
+
+    def unpersist(self):
+        self.rdd.unpersist(False)
+
+
 def _snapshot(spark, path: str):
     jvm = spark._jvm
     return (jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
