@@ -74,9 +74,7 @@ def snapshot(port: int, app: str) -> dict:
             executions[j] = e
     # Each stage's tasks' summed time: a job's wall beside its tasks' work tells a job that
     # waited (for a core, for its shuffle's other side) from one that worked.
-    stages = {str(s["stageId"]): {"run_ms": s.get("executorRunTime", 0),
-                                  "cpu_ms": round(s.get("executorCpuTime", 0) / 1e6),
-                                  "deserialize_ms": s.get("executorDeserializeTime", 0)}
+    stages = {str(s["stageId"]): {"run_ms": s.get("executorRunTime", 0)}
               for s in rest(port, f"applications/{app}/stages")}
     return {"jobs": jobs, "executions": {str(k): v for k, v in executions.items()}, "stages": stages}
 
@@ -157,15 +155,19 @@ def medians(rows: list[dict]) -> str:
     is one sample, on a machine whose timings vary by ±15 %."""
     from statistics import median
 
-    out = []
+    return "\n".join(f"{layer} {'data' if data else 'watermark-only'} batches: {len(some)}, "
+                     f"median {median(b['batch_duration_ms'] for b in some) / 1000:.2f} s"
+                     for layer, data, some in kinds(rows))
+
+
+def kinds(rows: list[dict]):
+    """(layer, data?, its batches but the query's first) for each layer and kind that ran any."""
     for layer in LAYERS:
         for data in (True, False):
-            ms = [b["batch_duration_ms"] for b in rows
-                  if b["query_name"] == layer and b["batch_id"] > 0 and bool(b["input_rows"]) == data]
-            if ms:
-                out.append(f"{layer} {'data' if data else 'watermark-only'} batches: {len(ms)}, "
-                           f"median {median(ms) / 1000:.2f} s")
-    return "\n".join(out)
+            some = [b for b in rows
+                    if b["query_name"] == layer and b["batch_id"] > 0 and bool(b["input_rows"]) == data]
+            if some:
+                yield layer, data, some
 
 
 def main(argv=None) -> int:
@@ -190,13 +192,7 @@ def main(argv=None) -> int:
     finally:
         session.stop()
     executions = {int(k): v for k, v in seen["executions"].items()}
-    chosen = []
-    for layer in LAYERS:
-        mine = [b for b in rows if b["query_name"] == layer and b["batch_id"] > 0]
-        for data in (True, False):
-            kind = [b for b in mine if bool(b["input_rows"]) == data]
-            if kind:
-                chosen.append(profile(kind[-1], seen["jobs"], executions, seen["stages"]))
+    chosen = [profile(some[-1], seen["jobs"], executions, seen["stages"]) for _, _, some in kinds(rows)]
     (a.out / "profile.json").write_text(json.dumps({"batches": rows, "profiles": chosen, **seen}, indent=1, default=str))
     for prof in chosen:
         print(render(prof), end="\n\n")

@@ -173,7 +173,7 @@ def running_input(spark, query) -> tuple:
     return DataFrame(spark._jsparkSession.baseRelationToDataFrame(scans[0].relation()), spark), marks[0]
 
 
-# --- Delta's cached snapshot -----------------------------------------------------------------
+# --- a local checkpoint's blocks ------------------------------------------------------------
 
 class PinnedBlocks:
     """A local checkpoint's blocks (DataFrame.localCheckpoint), released like a cache
@@ -185,6 +185,8 @@ class PinnedBlocks:
     def unpersist(self):
         self.rdd.unpersist(False)
 
+
+# --- Delta's cached snapshot -----------------------------------------------------------------
 
 def _snapshot(spark, path: str):
     jvm = spark._jvm

@@ -622,7 +622,7 @@ def test_a_batch_s_update_read_after_its_merge_holds_what_the_merge_wrote(spark,
     from common.batch import BatchContext
     from common.lineage import CLOSES
     from gold import sinks
-    from gold.kinds import CLOSING, touched
+    from gold.kinds import CLOSING, LITERAL_TS, touched
 
     cfg, _, _ = windowed
     copy = copy_lakehouse(cfg, tmp_path)
@@ -634,7 +634,7 @@ def test_a_batch_s_update_read_after_its_merge_holds_what_the_merge_wrote(spark,
     assert events.count() > 0
     body = GoldBatch(spark, copy, [spec], {}, _Books(), GOLD)
     ctx = BatchContext(10_000, body.app_id, {CLOSES: closes}, replay=False, session=spark)
-    earliest = events.agg(F.date_format(F.min("event_time"), "yyyy-MM-dd HH:mm:ss.SSSSSS")).first()[0]
+    earliest = events.agg(F.date_format(F.min("event_time"), LITERAL_TS)).first()[0]
     _, rows, n, _, hint = body.fold(spec, gold_input(spark, copy, events), ctx, earliest)
     assert n > 0
     cols = [c for c in rows.columns if c != CLOSING]
