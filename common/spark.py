@@ -160,6 +160,9 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         # gates and MERGEs anew. Analysis errors lose the Python line of the failing call; the
         # pipeline's own errors name the query and batch.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
+        # Python workers that do not re-read the zip archives on their path before every task
+        # (common/python_daemon.py): half of an empty gold batch's time.
+        "spark.python.daemon.module": "common.python_daemon",
         # Table maintenance (conf maintenance.*): auto-compaction's threshold and the streaming
         # checkpoints' history.
         "spark.databricks.delta.autoCompact.minNumFiles": str(cfg.maintenance.auto_compact_min_files),
