@@ -408,6 +408,23 @@ Where the time goes is fixed costs, not rows:
   then folded the batch in twice). Pinned instead (a local checkpoint, `BatchContext.pin`),
   the same feed's gold data batch runs 55 jobs, not 61, with 3 file filterings: median over
   five data batches 9.07 s against 10.48 s in the run before (within this machine's noise).
+- Most of gold's watermark-only batch was not the sessions' work but Python's imports: before
+  every task a PySpark worker calls `importlib.invalidate_caches()`, and Python's finder for a
+  zip archive answers by reading the archive's whole directory again, in pure Python. Spark
+  puts three archives at the head of each worker's path (pyspark.zip, py4j's zip and the
+  spark-core jar), so each sessions task re-read them: about 0.3 s of a core per task, two
+  tasks per batch, with or without rows (py-spy on the workers; the job's tasks showed 600 ms
+  of run time and 24 ms of JVM CPU). The workers now run under `common/python_daemon.py`
+  (`spark.python.daemon.module`, PySpark's daemon with the archives' finders kept). An empty
+  batch of a small pandas stateful query: 0.37-0.43 s, was 0.9-1.2 s (a JVM stateful
+  operator's: 0.2 s). The quiet feed (`bench.batch_profile --files 5`) on 2026-12-01: gold's
+  watermark-only batches median 0.73 s (was 1.09 s), its data batches 7.96 s (was 9.07 s).
+  Silver's watermark-only batch runs beside gold's data batch of the same file: its one job
+  took 0.19 s when the cores were free and 0.5-1.0 s beside gold's.
+  `make bench ONLY=h BENCH_N=20000` that day, after the change: available-now gold 0.65 s,
+  silver 0.49 s (one each); at (d)'s heavy rate gold 1.07 s (6), silver 1.69 s (1); quiet
+  feed gold 0.8 s (5), silver 1.06 s (5). The run before it (stop 75, same code but the
+  daemon): 1.0 / 0.74, 1.28 / 4.7, 1.25 / 1.04.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
