@@ -118,8 +118,8 @@ class SilverBatch(MicroBatch):
         # batch is never materialized twice. A no-data batch (it only moves the watermark) has
         # no row to join, so it pins no version; its plan still runs, for the state stores'
         # commit of the batch.
-        rows = batch
-        if self.dimension and not read_nothing(self.checkpoint, batch_id):
+        rows, read_rows = batch, not read_nothing(self.checkpoint, batch_id)
+        if self.dimension and read_rows:
             rows = T.join_dimension(batch, self.dimension_at(self.pin_dimension(lineage)), profile,
                                     only=T.is_accepted())
         rows = ctx.keep(rows)
@@ -134,7 +134,8 @@ class SilverBatch(MicroBatch):
         n_candidates, n_dq, out = sizes.rows - n_rejects, 0, {}
         fetch = [sizes.fetch_from, sizes.fetch_until]
         frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
-        kept = self.late_rows(ctx, frontier, evolved)
+        # A batch that read nothing dropped nothing as late: no walk of its executed plan.
+        kept = self.late_rows(ctx, frontier, evolved) if read_rows else None
         if kept is not None:
             out[late.OUTPUT] = kept
         if n_candidates:
