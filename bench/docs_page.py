@@ -423,7 +423,7 @@ Where the time goes is fixed costs, not rows:
   took 0.19 s when the cores were free and 0.5-1.0 s beside gold's.
   `make bench ONLY=h BENCH_N=20000` that day, after the change: available-now gold 0.65 s,
   silver 0.49 s (one each); at (d)'s heavy rate gold 1.07 s (6), silver 1.69 s (1); quiet
-  feed gold 0.8 s (5), silver 1.06 s (5). The run before it (stop 75, same code but the
+  feed gold 0.8 s (5), silver 1.06 s (5). The run before it (2026-11-30, without the
   daemon): 1.0 / 0.74, 1.28 / 4.7, 1.25 / 1.04.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
