@@ -37,6 +37,9 @@ class BatchContext:
     lineage: dict            # commit metadata of every write of this batch
     replay: bool = True      # its offsets were logged before this run: an attempt may have committed
     session: Any = None      # the batch's SparkSession (a clone per query), whose conf holds commit metadata
+    # False for Spark's watermark-only batch (lineage.read_nothing): asked of the offset log once
+    # for all the batch does (each asking reads two files, two GETs on object storage).
+    read: bool = True
     cached: list = field(default_factory=list)   # released once the batch has committed (or failed)
     gated: list = field(default_factory=list)    # the gates' runs, recorded beside the writes
 
@@ -118,7 +121,8 @@ class MicroBatch(QueryBody):
 
     def __call__(self, df, batch_id: int) -> None:
         self.in_pool(self.spark)
-        ctx = BatchContext(batch_id, self.app_id, self.lineage(batch_id), self.replay(batch_id), df.sparkSession)
+        ctx = BatchContext(batch_id, self.app_id, self.lineage(batch_id), self.replay(batch_id), df.sparkSession,
+                           read=not read_nothing(self.checkpoint, batch_id))
         self.choose_expressions(ctx)
         with self.failure.keep():
             try:
@@ -144,7 +148,7 @@ class MicroBatch(QueryBody):
         below = self.cfg.spark.interpreted_below_rows
         if below <= 0 or not self.sized_by_rows:
             return
-        rows = 0 if read_nothing(self.checkpoint, ctx.batch_id) else self.previous_rows()
+        rows = self.previous_rows() if ctx.read else 0
         if rows is not None and rows < below:
             ctx.session.conf.set(EXPRESSIONS, "NO_CODEGEN")
         else:
@@ -191,7 +195,7 @@ class MicroBatch(QueryBody):
         if self.counted_by is not None:
             i = next(i for i, (out, _) in enumerate(chosen) if out.name == self.counted_by)
             writes[i], book = _counted(self.spark, df, writes[i], lambda: self.record(ctx, counts), ctx.replay)
-        elif any(counts.get(k) for k in WRITTEN) or not read_nothing(self.checkpoint, ctx.batch_id):
+        elif any(counts.get(k) for k in WRITTEN) or ctx.read:
             # (A watermark-only batch that wrote no row has no count to book: no ops commit.)
             book = lambda: self.record(ctx, counts)  # noqa: E731
         keys = {out.key(ctx) for out, _ in chosen if isinstance(out, Merge)}

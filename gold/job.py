@@ -23,7 +23,6 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import change_feed, ensure_table, live_files
-from common.lineage import read_nothing
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Append, Changed, Merge, Publish, Result
 from common.quality import QualityGate, load_suites
@@ -184,7 +183,7 @@ class GoldBatch(MicroBatch):
         # commits that changed no data (a compaction) or of late rows only. Its session rows
         # are timeouts, whose values the table holds already. (A selection of the stateful
         # table alone hands over no events: there only the offset log can tell.)
-        if (self.folding and not seen["events"]) or read_nothing(self.checkpoint, ctx.batch_id):
+        if (self.folding and not seen["events"]) or not ctx.read:
             # The batch before closed up to its closing watermark, which is the one Spark gives
             # this batch: nothing is left to close, and the batch writes nothing. Only the first
             # such batch of a start closes in place what an earlier run left open behind it:

@@ -24,7 +24,6 @@ from common.streaming import trigger
 from common.flow import Flow, Layer, Started
 from common import late
 from common.internals import running_input
-from common.lineage import read_nothing
 from common.refreshing import check_not_switching
 from silver import contract as C
 from silver import drift as D
@@ -118,8 +117,8 @@ class SilverBatch(MicroBatch):
         # batch is never materialized twice. A no-data batch (it only moves the watermark) has
         # no row to join, so it pins no version; its plan still runs, for the state stores'
         # commit of the batch.
-        rows, read_rows = batch, not read_nothing(self.checkpoint, batch_id)
-        if self.dimension and read_rows:
+        rows = batch
+        if self.dimension and ctx.read:
             rows = T.join_dimension(batch, self.dimension_at(self.pin_dimension(lineage)), profile,
                                     only=T.is_accepted())
         rows = ctx.keep(rows)
@@ -135,7 +134,7 @@ class SilverBatch(MicroBatch):
         fetch = [sizes.fetch_from, sizes.fetch_until]
         frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
         # A batch that read nothing dropped nothing as late: no walk of its executed plan.
-        kept = self.late_rows(ctx, frontier, evolved) if read_rows else None
+        kept = self.late_rows(ctx, frontier, evolved) if ctx.read else None
         if kept is not None:
             out[late.OUTPUT] = kept
         if n_candidates:
