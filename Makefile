@@ -117,6 +117,9 @@ $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3p
 # it overlapped (the audit's fixture took 187 s beside it, 77 s alone). Starved by a heavy
 # stretch of the suite its batches take longer: batch times are judged only on samples during
 # which other processes left it the machine (bench/soak/judge.py, TIMED).
+# The rest runs in one process: split over two (pytest-xdist 3.8, -n 2 --dist loadfile, tried
+# on 2026-12-01) it took 56 min against 50 alone, the two cores being the limit, and starved the
+# soak beside it (a silver batch of 65 rows took 298 s; its mean batch time grew and failed).
 BESIDE := tests/test_soak.py::test_short_soak_end_to_end
 test: $(READY) ## Run the whole test suite (real Spark, Delta and Kafka)
 	@log=$$(mktemp); \
