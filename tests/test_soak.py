@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak.judge import KINDS, MB, TIMED, checkpoint_settled_s, judge, settle_s, verdicts
+from bench.soak.judge import KINDS, MB, PACED, checkpoint_settled_s, judge, settle_s, verdicts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,6 +88,22 @@ def test_batch_times_are_judged_only_while_the_soak_had_the_machine():
     assert row["verdict"] == "GROWS" and row["contended_samples"] == 2
 
 
+def test_state_rows_that_follow_starved_batches_are_contention_but_a_quiet_leak_is_found():
+    """A stateful query holds a batch's rows until the next batch's watermark passes them: when
+    others hold the cores and batches take minutes, state holds minutes of the feed."""
+    ctx = {"warmup_s": 0, "retention_s": 600, "maintenance_interval_s": 120,
+           "min_batches_to_retain": 20, "slowest_interval_s": 30, "run_s": 480}
+
+    def verdict(others):
+        samples = [{"t": t, "others_cpu_share": share, "process": {}, "tables": {}, "checkpoints": {},
+                    "queries": {"silver": {"state_rows": 900 if t <= 240 else 3400}}}
+                   for t, share in zip(range(60, 481, 60), others)]
+        return {r["series"]: r for r in verdicts(samples, ctx, 1.0)}["state_rows[silver]"]
+
+    assert verdict([0.05] * 4 + [0.71] * 4)["verdict"] == "contended"
+    assert verdict([0.05] * 8)["verdict"] == "GROWS"
+
+
 @pytest.mark.slow
 def test_short_soak_end_to_end(tmp_path, env):
     out = tmp_path / "soak"
@@ -111,11 +127,12 @@ def test_short_soak_end_to_end(tmp_path, env):
     kinds = {r["kind"] for r in doc["verdicts"]}
     assert kinds == set(KINDS), set(KINDS) - kinds
     early = {k for k, (_, _, floor) in KINDS.items() if floor is not None and settle_s(k, doc["judge"]) < 180}
-    # Beside the rest of the suite, batch times may have too few quiet samples to be judged
-    # ("contended"): growth is still judged from the other kinds, and a timed kind that grew fails.
+    # Beside the rest of the suite, batch times and state rows may have too few quiet samples to
+    # be judged ("contended"): growth is still judged from the other kinds, and a paced kind
+    # that grew while the soak had the machine fails.
     by_kind = {r["kind"]: r for r in doc["verdicts"]}
     judged = {k for k in early if by_kind[k]["verdict"] == "pass"
-              or (k in TIMED and by_kind[k]["verdict"] == "contended" and by_kind[k]["contended_samples"] > 0)}
+              or (k in PACED and by_kind[k]["verdict"] == "contended" and by_kind[k]["contended_samples"] > 0)}
     assert early <= judged, {k: by_kind[k] for k in early - judged}
     assert doc["audit"]["ok"], doc["audit"]
     assert doc["audit"]["prefix"] and doc["audit"]["accounting"]
