@@ -112,13 +112,22 @@ class SilverBatch(MicroBatch):
 
     def compute(self, batch, ctx: BatchContext) -> Result:
         spark, profile, batch_id, lineage = self.spark, self.profile, ctx.batch_id, ctx.lineage
+        if not ctx.read:
+            # Spark's watermark-only batch: its plan must run for the state stores' commit (and
+            # the eviction of what the watermark passed), but deduplication emits nothing without
+            # input, so there is nothing to cache, join, gate or write. Its rows are counted all
+            # the same: one it did emit would otherwise be lost without a trace.
+            emitted = aggregates_while_caching(batch, F.count(F.lit(1)).alias("rows")).rows
+            if emitted:
+                raise accounting.AccountingError(f"silver batch {batch_id} read nothing and its plan "
+                                                 f"emitted {emitted} rows; nothing written")
+            return Result({}, dict(events_written=0, events_quarantined=0, rows_written=0,
+                                   events_rescued=0, fields_rescued=0))
         # The batch's accepted rows join the dimension in the same pass that fills the cache:
         # everything after it (counts, gate, silver, quarantine) reads that one cache, and the
-        # batch is never materialized twice. A no-data batch (it only moves the watermark) has
-        # no row to join, so it pins no version; its plan still runs, for the state stores'
-        # commit of the batch.
+        # batch is never materialized twice.
         rows = batch
-        if self.dimension and ctx.read:
+        if self.dimension:
             rows = T.join_dimension(batch, self.dimension_at(self.pin_dimension(lineage)), profile,
                                     only=T.is_accepted())
         rows = ctx.keep(rows)
@@ -133,8 +142,7 @@ class SilverBatch(MicroBatch):
         n_candidates, n_dq, out = sizes.rows - n_rejects, 0, {}
         fetch = [sizes.fetch_from, sizes.fetch_until]
         frontier = T.frontier_ms(lineage["watermark_ms"], self.cfg.silver.dedup_watermark.seconds)
-        # A batch that read nothing dropped nothing as late: no walk of its executed plan.
-        kept = self.late_rows(ctx, frontier, evolved) if ctx.read else None
+        kept = self.late_rows(ctx, frontier, evolved)
         if kept is not None:
             out[late.OUTPUT] = kept
         if n_candidates:
