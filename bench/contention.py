@@ -5,7 +5,8 @@ starts under that decay. Instead /proc is sampled every second, and CPU time use
 outside this bench's process tree (children, grandchildren, their orphaned JVMs) is summed.
 Processes that start and end between two samples are missed, so it is a lower bound. Linux only;
 elsewhere it reports nothing. The same sampling sums the tree's own CPU (`own_seconds`): what the
-measured run used while others had the rest.
+measured run used while others had the rest, and with `by_part` that CPU split by what spent it
+(`part_of`: the JVM's task threads, its driver threads, JIT, GC; the Python driver and workers).
 
 `cpu_ticks` and `busy_share` say how busy the whole machine was over a phase (from /proc/stat):
 the streaming phase reports it, since a latency measured on saturated cores is work per event,
@@ -14,6 +15,7 @@ not waiting.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -34,11 +36,53 @@ def _snapshot() -> dict[int, tuple[int, int]]:
     return out
 
 
-class OtherCpu:
-    """with OtherCpu() as other: ...; then other.seconds and other.share(wall)."""
+# A JVM thread's name (its first 15 characters in /proc) -> the part of the work it does.
+_JVM_PARTS = (
+    (re.compile(r"Executor task"), "tasks"),                    # Spark's tasks (local mode)
+    (re.compile(r"Thread-\d"), "driver: calls from Python"),    # py4j: plans, writes, Delta commits
+    (re.compile(r"stream execut"), "driver: streaming engine"),  # triggers, offsets, planning
+    (re.compile(r"C\d CompilerThre"), "JIT"),
+    (re.compile(r"GC Thread|VM Thread|G1 |ParGC"), "GC"),
+)
 
-    def __init__(self, interval: float = 1.0):
+
+def part_of(exe: str, thread: str, driver: bool) -> str:
+    """The part of a run a thread's CPU goes to: `exe` its process's executable name, `thread`
+    its name, `driver` whether its process is the run's own (not a child it started)."""
+    if exe.startswith("java"):
+        return next((part for pattern, part in _JVM_PARTS if pattern.match(thread)), "JVM other")
+    if exe.startswith("python"):
+        return "Python driver" if driver else "Python workers"
+    return "other"
+
+
+def _threads(pid: int) -> dict[int, tuple[str, int]]:
+    """tid -> (thread name, CPU ticks so far) for one process."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(tid)] = (name, int(fields[11]) + int(fields[12]))
+    return out
+
+
+class OtherCpu:
+    """with OtherCpu() as other: ...; then other.seconds and other.share(wall); with
+    by_part=True also other.own_parts()."""
+
+    def __init__(self, interval: float = 1.0, by_part: bool = False):
         self.interval, self.ours, self.seconds = interval, {os.getpid()}, None
+        self.by_part = by_part
+        self._thread_last: dict[tuple[int, int], int] = {}
+        self._parts: dict[str, int] = {}
         self._stop, self._thread = threading.Event(), None
         self._last: dict[int, int] = {}
         self._ticks = 0
@@ -53,6 +97,8 @@ class OtherCpu:
             if not new:
                 break
             self.ours |= new
+        if self.by_part:
+            self._sample_parts(snap, first)
         for pid, (_, ticks) in snap.items():
             if pid in self.ours:
                 # Processes of the tree that started during the phase count whole, like others'.
@@ -66,6 +112,32 @@ class OtherCpu:
             del self._last[pid]
         for pid in set(self._own_last) - set(snap):
             del self._own_last[pid]
+
+    def _sample_parts(self, snap: dict[int, tuple[int, int]], first: bool) -> None:
+        me, seen = os.getpid(), set()
+        for pid in self.ours - {me}:          # the bench process itself only waits
+            if pid not in snap:
+                continue
+            try:
+                exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+            except OSError:
+                continue
+            part_for = {}
+            for tid, (name, ticks) in _threads(pid).items():
+                key = (pid, tid)
+                seen.add(key)
+                if not first:
+                    part = part_for.get(name) or part_of(exe, name, snap[pid][0] == me)
+                    part_for[name] = part
+                    self._parts[part] = self._parts.get(part, 0) + ticks - self._thread_last.get(key, 0)
+                self._thread_last[key] = ticks
+        for key in set(self._thread_last) - seen:
+            del self._thread_last[key]
+
+    def own_parts(self) -> dict[str, float]:
+        """by_part: this process tree's CPU seconds by part (part_of), largest first, as of the
+        last sample; a thread that ended between two samples loses its last second."""
+        return {k: round(v / TICK, 1) for k, v in sorted(self._parts.items(), key=lambda kv: -kv[1])}
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -79,7 +79,11 @@ FIGURES = [
      "and before (c). Reported as (b)'s `run-all` wall over the baseline's wall, both including "
      "Python and JVM start-up, with the share of the CPU other processes took during each run "
      "(`bench/contention.py`, from `/proc`: on a shared machine the ratio means little if only one "
-     "of them ran under load).", "baseline"),
+     "of them ran under load). The same sampling splits each run's own CPU seconds by the part "
+     "that spent them, from the threads' names (`part_of`): Spark's tasks, the driver JVM's calls "
+     "from Python (plans, writes, Delta commits) and its streaming engine, JIT, GC, other JVM "
+     "threads, the Python driver and Python workers; the parts where run-all spends the most "
+     "beyond plain Spark come first.", "baseline"),
     ("h", "empty batches",
      "Per query, the median duration of its batches that read no row (they move the watermark, "
      "evict state, close sessions the watermark passed), from `ops.query_progress`: in (b)'s "

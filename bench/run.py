@@ -192,7 +192,7 @@ def generate(env: dict, run_dir: Path, n: int, seed: int, extra=()) -> dict:
 def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) -> dict:
     log(f"(b) make run-all over {events:,} events")
     started_ms = int(time.time() * 1000)
-    with OtherCpu() as other:
+    with OtherCpu(by_part=True) as other:
         wall, marks = run_logged(RUN_ALL, env, run_dir / "run-all.log",
                                  marks=("bronze: done", "silver: done"))
     ends = {"bronze": marks.get("bronze: done"), "silver": marks.get("silver: done"), "gold": wall}
@@ -205,7 +205,7 @@ def throughput(session, cfg, env, run_dir, events: int, ceiling: dict | None) ->
         layers[layer] = {"wall_s": round(w, 1), "events_per_s_wall": round(events / w) if w > 0 else None,
                          "processing_s": p, "events_per_s_processing": round(events / p) if p else None}
     out = {"layers": layers, "end_to_end_s": round(wall, 1), "end_to_end_events_per_s": round(events / wall),
-           "others_cpu_share": other.share(wall)}
+           "others_cpu_share": other.share(wall), "cpu_parts_s": other.own_parts()}
     if ceiling:
         out["end_to_end_vs_ceiling"] = round(out["end_to_end_events_per_s"] / ceiling["events_per_s"], 3)
     return out
@@ -255,10 +255,12 @@ def baseline(session, cfg, run_dir: Path, events: int, throughput: dict | None) 
     and reference CSV; its wall includes Python and JVM start-up, as run-all's does."""
     env = base_env(run_dir / "lakehouse-baseline", LANDING=str(cfg.landing), REFERENCE_DIR=str(cfg.reference))
     log(f"(g) plain Structured Streaming baseline over the same {events:,} events")
-    with OtherCpu() as other:
+    with OtherCpu(by_part=True) as other:
         wall, _ = run_logged([sys.executable, "-m", "bench.baseline"], env, run_dir / "baseline.log")
     out = {"wall_s": round(wall, 1), "events_per_s": round(events / wall),
            "steps_s": result_line(run_dir / "baseline.log", "BASELINE"),
+           # Where each run's CPU went: run-all's extra work, part by part, against plain Spark's.
+           "cpu_parts_s": other.own_parts(),
            # The machine may be shared: how much of it others took during each of the two runs.
            "others_cpu_share": other.share(wall)}
     # Row counts next to run-all's, read after the clock stopped: both should hold the same events.
@@ -270,6 +272,7 @@ def baseline(session, cfg, run_dir: Path, events: int, throughput: dict | None) 
         out["run_all_silver_rows"] = count(cfg.table_path("silver", cfg.silver_table))
         out["run_all_wall_s"] = throughput["end_to_end_s"]
         out["run_all_others_cpu_share"] = throughput.get("others_cpu_share")
+        out["run_all_cpu_parts_s"] = throughput.get("cpu_parts_s")
         out["run_all_over_baseline"] = round(throughput["end_to_end_s"] / out["wall_s"], 2)
     return out
 

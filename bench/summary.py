@@ -191,6 +191,16 @@ def sustained_row(s: dict, verdict) -> tuple[str, str, str]:
             f"{TARGETS['sustained']}: {_mark(verdict)}")
 
 
+def cpu_parts(ours: dict | None, plain: dict | None) -> str | None:
+    """Both runs' CPU seconds side by side, part by part (bench.contention.part_of), the parts
+    where run-all spends the most beyond plain Spark first."""
+    if not ours or not plain:
+        return None
+    total = f"total {sum(ours.values()):.1f} / {sum(plain.values()):.1f}"
+    order = sorted(set(ours) | set(plain), key=lambda k: plain.get(k, 0) - ours.get(k, 0))
+    return "; ".join([total] + [f"{k} {ours.get(k, 0):.1f} / {plain.get(k, 0):.1f}" for k in order])
+
+
 def rows(r: dict) -> list[tuple[str, str, str]]:
     """(figure, value, target verdict) rows for the table."""
     v = verdicts(r)
@@ -253,6 +263,9 @@ def rows(r: dict) -> list[tuple[str, str, str]]:
                       f"during run-all, {pct(g['others_cpu_share'])} during the baseline")
         out.append((f"(g) plain Structured Streaming baseline, N = {_n(r['events'])}", value,
                     f"{TARGETS['baseline']}: {_mark(v['baseline'])}"))
+        parts = cpu_parts(g.get("run_all_cpu_parts_s"), g.get("cpu_parts_s"))
+        if parts:
+            out.append(("(g) CPU seconds by part, run-all / baseline", parts, "information"))
     e = {k: v for k, v in (r.get("empty_batches") or {}).items() if v}
     if not e and v["empty"] is False:
         out.append(("(h) median duration of batches that read no row, per query (how many)",

@@ -319,6 +319,36 @@ def test_a_run_s_own_cpu_is_counted_apart_from_others():
     assert cpu_share(None, 1.0) is None and cpu_share(1.0, 0) is None
 
 
+def test_a_run_s_cpu_is_split_by_the_part_that_spent_it():
+    """(g)'s CPU by part: the run's own process (the Python driver) apart from the processes it
+    starts (Python workers), read per thread from /proc; JVM threads by their names."""
+    import subprocess
+
+    from bench.contention import OtherCpu, part_of
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+    driver = ("import subprocess, sys\n"
+              f"w = subprocess.Popen([sys.executable, '-c', {spin!r}])\n" + spin + "w.wait()\n")
+    with OtherCpu(interval=0.2, by_part=True) as cpu:
+        subprocess.run([sys.executable, "-c", driver], check=True)
+    parts = cpu.own_parts()
+    assert set(parts) == {"Python driver", "Python workers"}, parts
+    assert 0.3 <= parts["Python driver"] <= 1.5 and 0.3 <= parts["Python workers"] <= 1.5, parts
+    assert part_of("java", "Executor task l", True) == "tasks"
+    assert part_of("java", "Thread-17", True) == "driver: calls from Python"
+    assert part_of("java", "stream executio", True) == "driver: streaming engine"
+    assert part_of("java", "C1 CompilerThre", True) == "JIT"
+    assert part_of("java", "GC Thread#3", True) == "GC"
+    assert part_of("java", "dag-scheduler-e", True) == "JVM other"
+    assert part_of("bash", "bash", True) == "other"
+    # Side by side, the parts where run-all spends the most beyond plain Spark first.
+    row = summary.cpu_parts({"tasks": 17.0, "JIT": 8.0, "Python driver": 5.0},
+                            {"tasks": 8.5, "JIT": 5.0, "GC": 1.0})
+    assert row == ("total 30.0 / 14.5; tasks 17.0 / 8.5; Python driver 5.0 / 0.0; JIT 8.0 / 5.0; "
+                   "GC 0.0 / 1.0")
+    assert summary.cpu_parts({}, {"tasks": 1.0}) is None
+
+
 def test_only_takes_every_figure_the_help_lists():
     letters = [line.split()[0] for line in run.__doc__.splitlines()
                if len(line) > 4 and line[:2] == "  " and line[2].isalpha() and line[3:5] == "  "]
