@@ -83,6 +83,9 @@ class OtherCpu:
         self.by_part = by_part
         self._thread_last: dict[tuple[int, int], int] = {}
         self._parts: dict[str, int] = {}
+        # Processes of the tree that were there before the phase (the bench's own Spark session
+        # and its workers), and their children: not the measured run's parts.
+        self._before: set[int] = set()
         self._stop, self._thread = threading.Event(), None
         self._last: dict[int, int] = {}
         self._ticks = 0
@@ -115,7 +118,14 @@ class OtherCpu:
 
     def _sample_parts(self, snap: dict[int, tuple[int, int]], first: bool) -> None:
         me, seen = os.getpid(), set()
-        for pid in self.ours - {me}:          # the bench process itself only waits
+        if first:
+            self._before = self.ours - {me}
+        while True:
+            new = {pid for pid in self.ours if snap.get(pid, (None,))[0] in self._before} - self._before
+            if not new:
+                break
+            self._before |= new
+        for pid in self.ours - self._before - {me}:   # the bench process itself only waits
             if pid not in snap:
                 continue
             try:
