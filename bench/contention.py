@@ -22,18 +22,36 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _stat(path: Path) -> tuple[str, int, int] | None:
+    """(name, parent pid, CPU ticks so far) from a process's or thread's stat file; None once
+    it is gone."""
+    try:
+        stat = path.read_text()
+        fields = stat.rsplit(")", 1)[1].split()
+        return stat[stat.index("(") + 1:stat.rindex(")")], int(fields[1]), int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _snapshot() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, CPU ticks so far) for every process."""
     out = {}
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue   # gone meanwhile
-        out[int(d.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        if d.name.isdigit() and (stat := _stat(d / "stat")) is not None:
+            out[int(d.name)] = stat[1:]
     return out
+
+
+def _grown(snap: dict[int, tuple[int, int]], roots: set[int], among=None) -> set[int]:
+    """`roots` and their descendants in `snap` (only those in `among`, if given), to a fixed
+    point: a child's pid can be lower than its parent's."""
+    found = set(roots)
+    while True:
+        new = {pid for pid, (ppid, _) in snap.items()
+               if ppid in found and (among is None or pid in among)} - found
+        if not new:
+            return found
+        found |= new
 
 
 # A JVM thread's name (its first 15 characters in /proc) -> the part of the work it does.
@@ -58,20 +76,11 @@ def part_of(exe: str, thread: str, driver: bool) -> str:
 
 def _threads(pid: int) -> dict[int, tuple[str, int]]:
     """tid -> (thread name, CPU ticks so far) for one process."""
-    out = {}
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
-        return out
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        out[int(tid)] = (name, int(fields[11]) + int(fields[12]))
-    return out
+        return {}
+    return {int(t.name): (stat[0], stat[2]) for t in tasks if (stat := _stat(t / "stat")) is not None}
 
 
 class OtherCpu:
@@ -95,11 +104,7 @@ class OtherCpu:
 
     def _sample(self, first: bool = False) -> None:
         snap = _snapshot()
-        while True:   # to a fixed point: a child's pid can be lower than its parent's
-            new = {pid for pid, (ppid, _) in snap.items() if ppid in self.ours} - self.ours
-            if not new:
-                break
-            self.ours |= new
+        self.ours = _grown(snap, self.ours)
         if self.by_part:
             self._sample_parts(snap, first)
         for pid, (_, ticks) in snap.items():
@@ -118,13 +123,7 @@ class OtherCpu:
 
     def _sample_parts(self, snap: dict[int, tuple[int, int]], first: bool) -> None:
         me, seen = os.getpid(), set()
-        if first:
-            self._before = self.ours - {me}
-        while True:
-            new = {pid for pid in self.ours if snap.get(pid, (None,))[0] in self._before} - self._before
-            if not new:
-                break
-            self._before |= new
+        self._before = _grown(snap, self.ours - {me} if first else self._before, among=self.ours)
         for pid in self.ours - self._before - {me}:   # the bench process itself only waits
             if pid not in snap:
                 continue
@@ -132,13 +131,11 @@ class OtherCpu:
                 exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
             except OSError:
                 continue
-            part_for = {}
             for tid, (name, ticks) in _threads(pid).items():
                 key = (pid, tid)
                 seen.add(key)
                 if not first:
-                    part = part_for.get(name) or part_of(exe, name, snap[pid][0] == me)
-                    part_for[name] = part
+                    part = part_of(exe, name, snap[pid][0] == me)
                     self._parts[part] = self._parts.get(part, 0) + ticks - self._thread_last.get(key, 0)
                 self._thread_last[key] = ticks
         for key in set(self._thread_last) - seen:
