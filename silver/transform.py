@@ -248,18 +248,13 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         # Each element beside its map (the contract's second read), zipped so that neither
         # record's collection is copied onto its elements' rows.
         maps = _at(F.col(C.KEYS), profile.explode_path) if profile.explode_path else F.array(F.col(C.KEYS))
-        dtype = records.schema["j"].dataType
-        for part in profile.explode_path or ():
-            dtype = dtype[part].dataType
-        el_type = (dtype.valueType if is_map else dtype.elementType) if profile.explode_path else dtype
+        # Aliases name the zipped fields: a cast to named fields would copy every element again.
         if is_map:
-            zipped = F.arrays_zip(F.map_keys(elements), F.map_values(elements), F.map_values(maps))
-            fields = [StructField("_element_key", StringType()), StructField("_el", el_type),
-                      StructField(C.ELEMENT_MAP, C.VALUES)]
+            elements = F.arrays_zip(F.map_keys(elements).alias("_element_key"),
+                                    F.map_values(elements).alias("_el"),
+                                    F.map_values(maps).alias(C.ELEMENT_MAP))
         else:
-            zipped = F.arrays_zip(elements, maps)
-            fields = [StructField("_el", el_type), StructField(C.ELEMENT_MAP, C.VALUES)]
-        elements = zipped.cast(ArrayType(StructType(fields)))
+            elements = F.arrays_zip(elements.alias("_el"), maps.alias(C.ELEMENT_MAP))
         parts = (idx, "_z")
     carried = [C.RECORD_EXTRA] if contract and C.RECORD_EXTRA in records.columns else []
     # In a projection of their own, before the explode: computed in the explode's select, Spark
