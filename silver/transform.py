@@ -248,7 +248,7 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         # Each element beside its map (the contract's second read), zipped so that neither
         # record's collection is copied onto its elements' rows.
         maps = _at(F.col(C.KEYS), profile.explode_path) if profile.explode_path else F.array(F.col(C.KEYS))
-        # Aliases name the zipped fields: a cast to named fields would copy every element again.
+        # Aliases name the zipped fields (a cast to named fields needed the element's type).
         if is_map:
             elements = F.arrays_zip(F.map_keys(elements).alias("_element_key"),
                                     F.map_values(elements).alias("_el"),
