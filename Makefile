@@ -91,7 +91,8 @@ lock: ## Re-resolve pyproject.toml's pins into requirements.lock in a scratch ve
 
 $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3proxy/pom.xml jvm/settings.xml \
               jvm/localfs/pom.xml $(wildcard jvm/localfs/src/main/java/localfs/*.java) \
-              jvm/bronze-lines/pom.xml $(wildcard jvm/bronze-lines/src/main/java/bronzelines/*.java)
+              jvm/bronze-lines/pom.xml $(wildcard jvm/bronze-lines/src/main/java/bronzelines/*.java) \
+              jvm/silver-keys/pom.xml $(wildcard jvm/silver-keys/src/main/java/silverkeys/*.java)
 	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the JVM jars"; exit 1; }
 	@command -v java >/dev/null || { echo "error: a JDK 17 (java) is required"; exit 1; }
 	@# Fetch beside the live folders and swap at the end, so running jobs never see a half-empty cache.
@@ -101,6 +102,8 @@ $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3p
 	cp $(CACHE)/build/localfs/lakehouse-localfs-1.jar $(CACHE)/jars/.new/spark/
 	$(MVN) -f jvm/bronze-lines/pom.xml package -Dmaven.test.skip=true -Dout=$(CURDIR)/$(CACHE)/build/bronze-lines
 	cp $(CACHE)/build/bronze-lines/lakehouse-bronze-lines-1.jar $(CACHE)/jars/.new/spark/
+	$(MVN) -f jvm/silver-keys/pom.xml package -Dmaven.test.skip=true -Dout=$(CURDIR)/$(CACHE)/build/silver-keys
+	cp $(CACHE)/build/silver-keys/lakehouse-silver-keys-1.jar $(CACHE)/jars/.new/spark/
 	$(MVN) -f jvm/kafka-broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/kafka
 	$(MVN) -f jvm/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/s3a
 	$(MVN) -f jvm/s3proxy/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars/.new/s3proxy

@@ -2,13 +2,12 @@
 
 Nothing is parsed or dropped here: every line or message becomes one row, bytes untouched.
 """
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType
 
 from common import raw_bytes
-from common.jars import MissingJarsError
+from common.jars import register_java_function
 from common.schemas import BRONZE_EVENTS
 
 # The file's bytes -> its lines' bytes, split on '\n' in one pass (jvm/bronze-lines, built at
@@ -21,14 +20,7 @@ _SPLIT_LINES_CLASS = "bronzelines.SplitLines"
 
 
 def _split_lines(spark) -> None:
-    """Register the splitter in this session once (a temporary function, session-scoped)."""
-    if spark.catalog.functionExists(SPLIT_LINES):
-        return
-    try:
-        spark.udf.registerJavaFunction(SPLIT_LINES, _SPLIT_LINES_CLASS, ArrayType(BinaryType()))
-    except AnalysisException as e:
-        raise MissingJarsError(f"bronze's line splitter {_SPLIT_LINES_CLASS} is not on Spark's classpath "
-                               f"(jvm/bronze-lines): run `make setup`, which builds it ({e.getMessage()})") from None
+    register_java_function(spark, SPLIT_LINES, _SPLIT_LINES_CLASS, ArrayType(BinaryType()), "bronze-lines")
 
 
 def _with_ingest(df: DataFrame) -> DataFrame:

@@ -90,6 +90,20 @@ def make_unsigned_copies() -> list[Path]:
     return made
 
 
+def register_java_function(spark, name: str, class_name: str, return_type, what: str) -> None:
+    """Register a Java function built at setup (jvm/<what>) in this session once (a temporary
+    function, session-scoped); a clear error naming `make setup` when its jar is not there."""
+    from pyspark.errors import AnalysisException
+
+    if spark.catalog.functionExists(name):
+        return
+    try:
+        spark.udf.registerJavaFunction(name, class_name, return_type)
+    except AnalysisException as e:
+        raise MissingJarsError(f"{class_name} is not on Spark's classpath (jvm/{what}): "
+                               f"run `make setup`, which builds it ({e.getMessage()})") from None
+
+
 def s3a_jars() -> list[str]:
     """hadoop-aws and the AWS SDK bundle, for sessions whose paths are s3a:// only."""
     return _not_shipped(JAR_CACHE / "s3a", "s3a (hadoop-aws)")

@@ -131,6 +131,9 @@ def parse_records(bronze: DataFrame, profile: Profile, max_record_bytes: int | N
     extra = []
     if C.active(profile):
         readable = F.when(~too_large, text)
+        scanned = C.may_have_undeclared(readable, profile, bronze.sparkSession)
+        if scanned is not None:
+            readable = F.when(scanned, readable)
         extra.append(F.from_json(readable, C.keys_schema(profile, explodes_map(profile))).alias(C.KEYS))
         top = C.record_extra(readable, profile)
         if top is not None:
@@ -248,13 +251,16 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         # Each element beside its map (the contract's second read), zipped so that neither
         # record's collection is copied onto its elements' rows.
         maps = _at(F.col(C.KEYS), profile.explode_path) if profile.explode_path else F.array(F.col(C.KEYS))
+        # A record without an undeclared key was not read again: its elements zip with an empty
+        # array, i.e. with NULL maps (arrays_zip pads the shorter; a NULL array would void it).
+        none = F.array().cast(ArrayType(C.VALUES))
         # Aliases name the zipped fields (a cast to named fields needed the element's type).
         if is_map:
             elements = F.arrays_zip(F.map_keys(elements).alias("_element_key"),
                                     F.map_values(elements).alias("_el"),
-                                    F.map_values(maps).alias(C.ELEMENT_MAP))
+                                    F.coalesce(F.map_values(maps), none).alias(C.ELEMENT_MAP))
         else:
-            elements = F.arrays_zip(elements.alias("_el"), maps.alias(C.ELEMENT_MAP))
+            elements = F.arrays_zip(elements.alias("_el"), F.coalesce(maps, none).alias(C.ELEMENT_MAP))
         parts = (idx, "_z")
     carried = [C.RECORD_EXTRA] if contract and C.RECORD_EXTRA in records.columns else []
     # In a projection of their own, before the explode: computed in the explode's select, Spark

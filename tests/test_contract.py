@@ -310,3 +310,69 @@ def test_gold_streaming_from_silver_restarts_when_a_column_evolves(spark, env, c
             q.stop()
     sightings = table(spark, live, "gold", "zip_hourly_sightings").agg(F.sum("events")).first()[0]
     assert sightings == 5        # the first file's 2 events and the drifted file's 3
+
+
+# --- the key scan: which records silver reads again -------------------------------------------
+
+def _records(name: str) -> list[str]:
+    """Records of each shipped profile, as bronze holds them, with and without undeclared keys."""
+    from tests.test_profiles import CLOUDTRAIL, EVENTS, need
+
+    if name == "nest":
+        corpus = sorted(line for f in sorted((REPO / "tests" / "corpus").glob("**/*.jsonl"))
+                        for line in f.read_text(errors="replace").split("\n") if line.strip())
+        quoted = ("{'devices': {'cameras': {'cam-0009': {'device_id': 'cam-0009', 'name': 'x', 'is_online': true, "
+                  "'last_event': {'start_time': '2026-11-01T10:00:00Z', 'has_motion': NaN, 'new_key': 1}}}}}")
+        return [*corpus, drifted_record(), quoted, quoted.replace(", 'new_key': 1", "")]
+    if name == "events":
+        lines = (need(EVENTS) / "file-0.json").read_text().splitlines()[:50]
+        return [*lines, '{"time":1469501107,"action":"Open","device":{"id":7}}', '{"action":"Open","time":1}',
+                '{"time":1469501107,"action":"Open","act\\u0069on":"Close"}', "[1, 2]", '"text"',
+                '{"extra":null,"time":1469501107,"action":"Close"}', '{"time":1469501107,"action":"Open","\\u0078":[1]}']
+    import gzip
+
+    files = sorted(need(CLOUDTRAIL).glob("*.json.gz"))[:3]
+    records = [gzip.decompress(f.read_bytes()).decode() for f in files]
+    base = json.loads(records[0])
+    first = base["Records"][0]
+
+    def variant(top=None, **element):
+        changed = json.loads(json.dumps(first))
+        for path, value in element.items():
+            node = changed
+            *parents, leaf = path.split("__")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return json.dumps({"Records": [first, changed], **(top or {})})
+
+    return [*records, variant(top={"digest": "abc"}), variant(newKey=1), variant(userIdentity__newKey=1),
+            variant(userIdentity__sessionContext__attributes__newKey="x"), variant(sharedEventID="known"),
+            variant(userIdentity__sessionContext="not an object"), variant(Records_=1)]
+
+
+@pytest.mark.parametrize("name", ["nest", "events", "cloudtrail"])
+def test_the_key_scan_sends_exactly_the_records_with_undeclared_keys_to_the_second_read(spark, monkeypatch, name):
+    """silver_undeclared_keys (jvm/silver-keys) says which records silver reads again for their
+    undeclared keys. Against the second read on every record (as before the scan): silver's rows
+    are the same, and the scan says true for exactly the parsed records in which that read found
+    a key (a false positive would cost a read, a false negative would lose a key silently)."""
+    prof = load_config(env={"PROFILE": name}).profile
+    raws = _records(name)
+    bronze = bronze_df(spark, raws)
+    as_json = {c: F.to_json(c) for c in C.BY_MODE.values()}
+    scanned = parse(spark, prof, raws).withColumns(as_json)
+    with monkeypatch.context() as m:
+        m.setattr(C, "may_have_undeclared", lambda *a: None)
+        every = parse(spark, prof, raws).withColumns(as_json)
+    assert scanned.exceptAll(every).count() == 0 and every.exceptAll(scanned).count() == 0
+
+    found = {r.bronze_line_number: r.found for r in every.groupBy("bronze_line_number").agg(
+        F.max("parsed").alias("parsed"),
+        F.max(F.coalesce(*[F.col(c).isNotNull() for c in C.BY_MODE.values()])).alias("found"))
+        .where("parsed").collect()}
+    text = F.regexp_replace("raw", f"^{T.BOM}", "")
+    flags = {r.line_number: r.flag for r in bronze.select(
+        "line_number", F.call_function(C.UNDECLARED, text, F.lit(C.scan_spec(prof))).alias("flag")).collect()}
+    assert sum(found.values()) >= 3 and len(found) - sum(found.values()) >= 3, "both kinds are in the test"
+    assert {n: flags[n] for n in found} == found
