@@ -89,14 +89,14 @@ def scan_spec(profile: Profile) -> str | None:
             for part in parent:
                 node = node["children"].setdefault(part, {"children": {}})
             node["keys"] = sorted(_children(profile, parent))
-    if not profile.explode_path:
-        return json.dumps(element, sort_keys=True)
-    root = node = {"children": {}}
-    if c.record != "discard":
-        root["keys"] = sorted(_record_declared(profile))
-    for part in profile.explode_path:
-        node = node["children"].setdefault(part, {"children": {}})
-    node["items"] = element
+    root = element
+    if profile.explode_path:
+        root = node = {"children": {}}
+        if c.record != "discard":
+            root["keys"] = sorted(_record_declared(profile))
+        for part in profile.explode_path:
+            node = node["children"].setdefault(part, {"children": {}})
+        node["items"] = element
     return json.dumps(root, sort_keys=True)
 
 

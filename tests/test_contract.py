@@ -369,7 +369,7 @@ def test_the_key_scan_sends_exactly_the_records_with_undeclared_keys_to_the_seco
 
     found = {r.bronze_line_number: r.found for r in every.groupBy("bronze_line_number").agg(
         F.max("parsed").alias("parsed"),
-        F.max(F.coalesce(*[F.col(c).isNotNull() for c in C.BY_MODE.values()])).alias("found"))
+        F.max(F.greatest(*[F.col(c).isNotNull() for c in C.BY_MODE.values()])).alias("found"))
         .where("parsed").collect()}
     text = F.regexp_replace("raw", f"^{T.BOM}", "")
     flags = {r.line_number: r.flag for r in bronze.select(
