@@ -75,6 +75,46 @@ def java_errors() -> tuple[type, ...]:
     return (Py4JJavaError,)
 
 
+# --- py4j: what a name means in the JVM ------------------------------------------------------
+
+def remember_jvm_names() -> None:
+    """Make py4j remember what a name reached from the gateway's JVM view means (a package, a
+    class, a static method), instead of asking the JVM again on every use. py4j asks every time:
+    each `functions.col` or `lit` PySpark builds costs three round trips to the driver JVM where
+    one (the call) is needed, and a name that is a package (`jvm.py4j`, `jvm.scala`) is first
+    looked up as a class under each of the view's imports, each miss a search of every jar on the
+    classpath: 2-7 ms each. PySpark converts each JVM exception with a dozen of those checks
+    (`py4j.reflection.TypeUtil.isInstanceOf`), so even the end of iterating a Java set cost
+    25 ms. A run-all asks about 10,000 times (5 s of its Python threads at 20,000 events).
+
+    Remembered: classes, packages and static methods (and nested classes) that were found, and
+    a Scala object's one instance (`MODULE$`, which PySpark reads on every active-session
+    lookup); a name that was not found is asked again, and any other static field's value is
+    read every time. A class does not change for the life of a JVM, and a view's imports are
+    PySpark's, made when the gateway starts. py4j has no option for this; it wraps the three
+    lookups (idempotent)."""
+    from py4j.java_gateway import JavaClass, JavaMember, JavaPackage, JVMView
+
+    for kind, kept in ((JVMView, (JavaClass, JavaPackage)), (JavaPackage, (JavaClass, JavaPackage)),
+                       (JavaClass, (JavaClass, JavaMember))):
+        if not getattr(kind.__getattr__, "_remembers", False):
+            kind.__getattr__ = _remembering(kind.__getattr__, kept)
+
+
+SCALA_OBJECT = "MODULE$"       # the static final field that holds a Scala object
+
+
+def _remembering(lookup, kept: tuple[type, ...]):
+    def remembered(self, name):
+        found = lookup(self, name)
+        if isinstance(found, kept) or name == SCALA_OBJECT:
+            self.__dict__[name] = found      # read before __getattr__ from now on
+        return found
+
+    remembered._remembers = True
+    return remembered
+
+
 # --- PySpark's errors ------------------------------------------------------------------------
 
 def jvm_throwable(error: BaseException):

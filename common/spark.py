@@ -292,9 +292,10 @@ def _forward_stderr(fd: int) -> None:
 
 
 def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] | None = None):
-    from common.internals import check_versions
+    from common.internals import check_versions, remember_jvm_names
 
     check_versions()        # its private API uses are pinned: refuse an untested Spark or Delta
+    remember_jvm_names()
     _worker_environment()
     if _launching is not None:
         _launching.join()

@@ -51,6 +51,41 @@ def test_api_moved_and_java_error_are_what_a_jvm_call_raises(spark):
         jvm.java.lang.Class.forName("org.example.NoSuchClass")
 
 
+def test_remember_jvm_names_asks_the_jvm_once_per_name(spark, monkeypatch):
+    """build_spark installs it: a class, package or static method is looked up in the JVM once;
+    a static field is read and a missing member looked up every time."""
+    from py4j.protocol import Py4JError
+
+    client = spark.sparkContext._gateway._gateway_client
+    sent = []
+    send = client.send_command
+    monkeypatch.setattr(client, "send_command", lambda command, *a, **k: (sent.append(command), send(command, *a, **k))[1])
+
+    def asked(fqn: str, member: str | None = None) -> int:     # py4j's reflection commands for it
+        return sent.count(f"r\nu\n{fqn}\n{spark.sparkContext._jvm._id}\ne\n" if member is None
+                          else f"r\nm\n{fqn}\n{member}\ne\n")
+
+    jvm = spark.sparkContext._jvm
+    for _ in range(3):
+        assert jvm.java.util.concurrent.TimeUnit.valueOf("SECONDS").toMillis(2) == 2000
+        assert jvm.py4j.reflection.TypeUtil.isInstanceOf("java.lang.Object", jvm.java.lang.Object())
+        assert F.lit(1) is not None and jvm.java.lang.Integer.MAX_VALUE == 2**31 - 1
+        with pytest.raises(Py4JError):
+            jvm.java.lang.Integer.noSuchMember
+    unit = "java.util.concurrent.TimeUnit"
+    assert asked("java.util.concurrent") == asked(unit) == asked(unit, "valueOf") == 1
+    # Earlier tests may have asked these already (PySpark reads TypeUtil to convert an error).
+    util = "py4j.reflection.TypeUtil"
+    assert max(asked("py4j"), asked("py4j.reflection"), asked(util), asked(util, "isInstanceOf")) <= 1
+    assert max(asked("org.apache.spark.sql.functions"), asked("org.apache.spark.sql.functions", "lit")) <= 1
+    assert asked("java.lang.Integer", "MAX_VALUE") == 3 and asked("java.lang.Integer", "noSuchMember") == 3
+    assert "valueOf" in jvm.java.util.concurrent.TimeUnit.__dict__
+    assert "MAX_VALUE" not in jvm.java.lang.Integer.__dict__
+    I.remember_jvm_names()                        # again: no second wrapper
+    from py4j.java_gateway import JVMView
+    assert not getattr(JVMView.__getattr__.__closure__[0].cell_contents, "_remembers", False)
+
+
 def test_jvm_throwable_is_the_jvm_exception_behind_a_spark_error(spark, tmp_path):
     origin = I.jvm_throwable(_sql_error(spark, tmp_path))
     assert origin is not None and origin.getClass().getName().startswith("org.apache.spark")
