@@ -434,6 +434,15 @@ Where the time goes is fixed costs, not rows:
   silver 0.49 s (one each); at (d)'s heavy rate gold 1.07 s (6), silver 1.69 s (1); quiet
   feed gold 0.8 s (5), silver 1.06 s (5). The run before it (2026-11-30, without the
   daemon): 1.0 / 0.74, 1.28 / 4.7, 1.25 / 1.04.
+- py4j asked the driver JVM what a name means on every use (`jvm.functions`, `jvm.py4j`): each
+  `F.col` or `F.lit` cost three round trips instead of one, and a package name was first
+  searched as a class in every jar under each of the gateway's imports (2-7 ms). A 20,000-event
+  `run-all` asked about 9,900 times, 5.2 s of its Python threads; PySpark's conversion of a JVM
+  exception asks a dozen times, so even the end of iterating a Java set cost 25 ms. Now
+  remembered (`common/internals.remember_jvm_names`): 140 lookups, 0.2 s; `F.lit` 154 us
+  (was 417 us, 75 us of JVM CPU, was 180). The run-all's wall did not move beyond this
+  machine's noise (eight interleaved pairs on 2026-12-02): most lookups waited beside other
+  threads' work, off the batches' critical path. The plain baseline gets it too (build_spark).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
