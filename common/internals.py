@@ -105,6 +105,9 @@ SCALA_OBJECT = "MODULE$"       # the static final field that holds a Scala objec
 
 
 def _remembering(lookup, kept: tuple[type, ...]):
+    from functools import wraps
+
+    @wraps(lookup)                           # __wrapped__: py4j's own lookup
     def remembered(self, name):
         found = lookup(self, name)
         if isinstance(found, kept) or name == SCALA_OBJECT:

@@ -83,7 +83,7 @@ def test_remember_jvm_names_asks_the_jvm_once_per_name(spark, monkeypatch):
     assert "MAX_VALUE" not in jvm.java.lang.Integer.__dict__
     I.remember_jvm_names()                        # again: no second wrapper
     from py4j.java_gateway import JVMView
-    assert not getattr(JVMView.__getattr__.__closure__[0].cell_contents, "_remembers", False)
+    assert JVMView.__getattr__._remembers and not getattr(JVMView.__getattr__.__wrapped__, "_remembers", False)
 
 
 def test_jvm_throwable_is_the_jvm_exception_behind_a_spark_error(spark, tmp_path):
