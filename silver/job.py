@@ -179,8 +179,9 @@ class SilverBatch(MicroBatch):
         """silver.late_events rows of the events Spark's deduplication dropped in this batch as
         behind silver's watermark (common/late.py), or None when it dropped none. Spark counts
         them in the executed plan, which the batch has run by now; only then is the batch's
-        input read again (its files, from the plan's scan), parsed as the query parses it and
-        filtered by the watermark Spark filtered with (read from the plan too). They get the silver row an on-time event
+        input read again (its files, from the plan's scan), its records that may hold such an
+        event (T.may_hold_late) parsed as the query parses them and filtered by the watermark
+        Spark filtered with (read from the plan too). They get the silver row an on-time event
         of this batch would (the pinned dimension, the frontier) and must number what Spark
         counted: the accounting books the one count, the table holds the other."""
         if not self.profile.dedup:
@@ -193,6 +194,7 @@ class SilverBatch(MicroBatch):
             raise accounting.AccountingError(f"silver batch {ctx.batch_id}: Spark dropped {dropped} events "
                                              "as late, and the batch's input could not be read again to keep them")
         cfg, profile = self.cfg, self.profile
+        source = source.where(T.may_hold_late(profile, watermark, cfg.silver.max_record_bytes))
         parsed = T.parse_events(source, cfg.silver.min_event_time, cfg.silver.max_future.seconds, profile,
                                 cfg.silver.max_record_bytes)
         rows = T.late_for_dedup(parsed, watermark)

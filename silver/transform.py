@@ -119,12 +119,7 @@ def parse_records(bronze: DataFrame, profile: Profile, max_record_bytes: int | N
     """Parse each bronze record once; add `parsed` (bool) and record-level `reasons`. A record
     longer than `max_record_bytes` is not parsed at all (record_too_large)."""
     raw, binary = F.col(raw_bytes.RAW), F.col(raw_bytes.RAW_BYTES)
-    size = F.coalesce(F.octet_length(raw), F.octet_length(binary))
-    too_large = (size > max_record_bytes) if max_record_bytes else F.lit(False)
-    # A UTF-8 BOM (first line of a file saved by some Windows tools) is not JSON; bronze keeps it,
-    # the parser skips it. The regex runs only where the bytes are there: on every record it cost
-    # a decode, a scan and an encode of the whole line.
-    text = F.when(raw.startswith(BOM), F.regexp_replace(raw, f"^{BOM}", "")).otherwise(raw)
+    text, too_large = _text(max_record_bytes)
     j = F.from_json(F.when(~too_large, text), raw_schema(profile),
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     # The contract's second read (silver/contract.py), only when it looks for undeclared keys.
@@ -158,6 +153,46 @@ def parse_records(bronze: DataFrame, profile: Profile, max_record_bytes: int | N
         reason = reason.when(elements.isNull() | (F.size(elements) == 0),
                              f"missing_{_elements_name(profile)}")
     return df.withColumn("reasons", _reasons(reason)).withColumn("parsed", F.size("reasons") == 0)
+
+
+def _text(max_record_bytes: int | None) -> tuple[Column, Column]:
+    """(the record's JSON text, whether it is over the size limit and so never parsed)."""
+    raw, binary = F.col(raw_bytes.RAW), F.col(raw_bytes.RAW_BYTES)
+    size = F.coalesce(F.octet_length(raw), F.octet_length(binary))
+    too_large = (size > max_record_bytes) if max_record_bytes else F.lit(False)
+    # A UTF-8 BOM (first line of a file saved by some Windows tools) is not JSON; bronze keeps it,
+    # the parser skips it. The regex runs only where the bytes are there: on every record it cost
+    # a decode, a scan and an encode of the whole line.
+    return F.when(raw.startswith(BOM), F.regexp_replace(raw, f"^{BOM}", "")).otherwise(raw), too_large
+
+
+def may_hold_late(profile: Profile, watermark_ms: int, max_record_bytes: int | None = None) -> Column:
+    """Whether a bronze record may hold an event at or before `watermark_ms` of event time, judged
+    by its elements' event-time field alone, read at the path and with the type parse_events reads
+    it by: true for every record that holds such an accepted event (and for some that hold none,
+    which parse_events then rejects). Silver reads a batch again for the events its deduplication
+    dropped as late, a few hundred among 100,000s: it parses in full only the records this lets
+    through, where parsing every record doubled a heavy batch's parse."""
+    field = next(f for f in profile.fields if f.name == profile.event_time)
+    path = (*(profile.explode_path or ()), *field.path)
+    text, too_large = _text(max_record_bytes)
+    j = F.from_json(F.when(~too_large, text), _only(raw_schema(profile), path))
+    elements = _at(j, profile.explode_path) if profile.explode_path else F.array(j)
+    if explodes_map(profile):
+        elements = F.map_values(elements)
+    bound = F.timestamp_millis(F.lit(watermark_ms))
+    return F.coalesce(F.exists(elements, lambda e: _typed(_at(e, field.path), field) <= bound), F.lit(False))
+
+
+def _only(dtype, path: tuple[str, ...]):
+    """`dtype` with only the fields on `path` (maps and arrays on the way kept as they are)."""
+    if isinstance(dtype, MapType):
+        return MapType(dtype.keyType, _only(dtype.valueType, path))
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_only(dtype.elementType, path))
+    if not path:
+        return dtype
+    return StructType([StructField(path[0], _only(dtype[path[0]].dataType, path[1:]))])
 
 
 def _element_singular(profile: Profile) -> str:

@@ -303,6 +303,38 @@ def test_future_limit_follows_each_rows_ingest_time(spark, silver_conf):
 
 # --- dedup, metrics, locations, output shapes ---------------------------------------------
 
+def test_the_late_prefilter_lets_through_every_record_with_a_late_event_and_little_else(spark, silver_conf):
+    """Silver's second read of a batch (the events its deduplication dropped as late) parses only
+    the records may_hold_late lets through: the late events found must be exactly those found by
+    parsing every record, at any watermark, and a record whose events are all newer is skipped."""
+    t = lambda hhmm, zone="Z": f"2026-11-01T{hhmm}:00.000{zone}"  # noqa: E731
+    cases = [
+        ("on time", record(camera("cam-a", t("10:00")))),
+        ("one late among on time", record(camera("cam-b", t("08:00")), camera("cam-c", t("10:00")))),
+        ("late by its offset", record(camera("cam-d", t("10:00", "+02:00")))),
+        ("at the watermark", record(camera("cam-e", t("09:30")))),
+        ("late but rejected", record(camera("cam-f", t("08:00"), has_person="maybe"))),
+        ("late after a BOM", "\ufeff" + record(camera("cam-g", t("07:00")))),
+        ("late, second value", record(camera("cam-h", t("07:00"))) + record(camera())),
+        *((case, raw) for case, raw, _ in REASON_CASES),
+    ]
+    bronze = bronze_df(spark, [raw for _, raw in cases])
+    old = "before 2000"                         # rejected (time_out_of_range), but old enough
+    expected = {  # watermark: (the records let through, how many late events they hold)
+        "09:30": ({"one late among on time", "late by its offset", "at the watermark", "late but rejected",
+                   "late after a BOM", "late, second value", old}, 4),    # cam-b, d, e, g
+        "07:30": ({"late after a BOM", "late, second value", old}, 1),     # cam-g
+        "06:00": ({old}, 0),
+    }
+    for hhmm, (through, n_late) in expected.items():
+        ms = utc_ms(t(hhmm))
+        late = lambda rows: sorted(r.event_id for r in T.late_for_dedup(  # noqa: E731
+            parse(spark, silver_conf, rows), ms).collect())
+        kept = bronze.where(T.may_hold_late(NEST, ms))
+        assert {cases[r.line_number - 1][0] for r in kept.collect()} == through, hhmm
+        assert late(kept) == late(bronze) and len(late(bronze)) == n_late, hhmm
+
+
 def test_deduplicate_in_batch_mode_drops_repeated_event_ids_only(spark, silver_conf):
     e = camera("cam-0001")
     raws = [record(e, camera("cam-0002")),
