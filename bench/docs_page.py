@@ -443,6 +443,22 @@ Where the time goes is fixed costs, not rows:
   (was 417 us, 75 us of JVM CPU, was 180). The run-all's wall did not move beyond this
   machine's noise (eight interleaved pairs on 2026-12-02): most lookups waited beside other
   threads' work, off the batches' critical path. The plain baseline gets it too (build_spark).
+- At (d)'s heavy rate every silver batch found 500-560 events behind its dedup watermark, and
+  read its whole input again to keep them (`silver.late_events`): a second full parse of some
+  140,000 records per batch. It now parses in full only the records whose event times, read
+  alone, may be behind the watermark (`silver.transform.may_hold_late`): on a batch of 124,711
+  records (204,000 events, 399 late) 10.8 -> 3.6 core-s and 5.9 -> 2.0 s (four rounds, medians,
+  2026-12-02). (d) at 5,000 events/s that day, one run each: before 4.10x / 3.72x and
+  3.74x / 3.64x (silver / gold), after 3.65x / 3.43x, within this rate's run-to-run spread.
+  The py4j name cache above made no difference to (d) either: the two "before" runs are one
+  without it and one with it.
+- Where (d)'s heavy run spends its cores (event logs of a 180-s feed at 5,000 events/s,
+  900,000 events, tasks' JVM CPU, 2026-12-02): the pipeline's silver 100 core-s (its main
+  job, parse + dedup + dimension join + cache, 83), gold 58 (and its sessions' Python workers
+  beside), bronze 18; the plain run's silver and fresh gold together 70 (Delta's log and
+  snapshot jobs of its many 1-s commits 35 more), bronze 4. The pipeline needs about 1.4x the
+  plain run's CPU for the same feed; plain runs at the cores' edge (99% busy), so the pipeline's
+  backlog grows all through the feed and its p95 is that backlog, not a batch's cost.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
