@@ -335,6 +335,21 @@ def test_the_late_prefilter_lets_through_every_record_with_a_late_event_and_litt
         assert late(kept) == late(bronze) and len(late(bronze)) == n_late, hhmm
 
 
+def test_the_late_prefilter_reads_an_array_of_elements_too(spark, silver_conf):
+    """The cloudtrail profile explodes an array (nest: a map): the same prefilter, the same answer."""
+    trail = load_config(env={"PROFILE": "cloudtrail"}).profile
+    call = lambda i, at: {"eventID": f"e-{i}", "eventTime": at, "eventSource": "s3.amazonaws.com",  # noqa: E731
+                          "eventName": "GetObject"}
+    files = [json.dumps({"Records": [call(1, "2026-11-01T10:00:00Z"), call(2, "2026-11-01T08:00:00Z")]}),
+             json.dumps({"Records": [call(3, "2026-11-01T10:00:00Z")]}),
+             json.dumps({"Records": [call(4, "2026-11-01T11:00:00+03:00")]})]
+    bronze, ms = bronze_df(spark, files), utc_ms("2026-11-01T09:30:00Z")
+    late = lambda rows: sorted(r.event_id for r in T.late_for_dedup(T.parse_events(  # noqa: E731
+        rows, silver_conf.min_event_time, silver_conf.max_future.seconds, trail), ms).collect())
+    kept = bronze.where(T.may_hold_late(trail, ms))
+    assert sorted(r.line_number for r in kept.collect()) == [1, 3]
+    assert late(kept) == late(bronze) and len(late(bronze)) == 2
+
 def test_deduplicate_in_batch_mode_drops_repeated_event_ids_only(spark, silver_conf):
     e = camera("cam-0001")
     raws = [record(e, camera("cam-0002")),
