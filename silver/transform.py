@@ -181,7 +181,7 @@ def may_hold_late(profile: Profile, watermark_ms: int, max_record_bytes: int | N
     if explodes_map(profile):
         elements = F.map_values(elements)
     bound = F.timestamp_millis(F.lit(watermark_ms))
-    return F.coalesce(F.exists(elements, lambda e: _typed(_at(e, field.path), field) <= bound), F.lit(False))
+    return F.exists(elements, lambda e: _typed(_at(e, field.path), field) <= bound)   # NULL: not let through
 
 
 def _only(dtype, path: tuple[str, ...]):
