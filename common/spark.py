@@ -19,6 +19,7 @@ LOG_CONFIG = f"-Dlog4j2.configurationFile={CONF_DIR / 'log4j2.properties'}"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 LOCAL_FS = "localfs.NioLocalFileSystem"
 LOCAL_FS_CONTEXT = "localfs.NioLocalFs"
+LOCAL_LOG_STORE = "localfs.LinkLogStore"
 # Spark's switch for micro-batches that only move the watermark (conf streaming.no_data_batches).
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -113,6 +114,10 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         # rename `readlink`, half the CPU of a streaming run in system time. Checksums unchanged.
         "spark.hadoop.fs.file.impl": LOCAL_FS,
         "spark.hadoop.fs.AbstractFileSystem.file.impl": LOCAL_FS_CONTEXT,
+        # Delta commits to local tables put-if-absent across processes (jvm/localfs): Delta's
+        # default checks and renames under a lock of its own JVM only, and two layers run as
+        # separate applications commit to the same ops tables.
+        "spark.delta.logStore.file.impl": LOCAL_LOG_STORE,
         "spark.sql.session.timeZone": "UTC",
         # A JSON object with a key twice (bad input silver must survive) read as a MAP or a
         # VARIANT (the schema contract's key scan): the last value wins, as in the typed parse,

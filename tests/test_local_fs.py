@@ -1,15 +1,21 @@
 """Local paths go through jvm/localfs (Java's file API), not Hadoop's shell-outs: the session
 uses it for both Hadoop APIs, and it behaves as Hadoop's local file system does where Spark,
-Delta and the checkpoints rely on it (permissions, checksums, renames, symbolic links)."""
+Delta and the checkpoints rely on it (permissions, checksums, renames, symbolic links). Delta
+commits to local tables through its log store, which stays put-if-absent across processes."""
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from common.spark import LOCAL_FS, LOCAL_FS_CONTEXT
+from common.spark import LOCAL_FS, LOCAL_FS_CONTEXT, LOCAL_LOG_STORE
 
 
 def jpath(spark, path) -> object:
@@ -30,6 +36,12 @@ def file_context(spark):
 def test_the_session_reads_and_writes_local_paths_through_the_nio_file_system(spark):
     assert file_system(spark).getClass().getName() == LOCAL_FS
     assert file_context(spark).getDefaultFileSystem().getClass().getName() == LOCAL_FS_CONTEXT
+
+
+def test_delta_commits_local_tables_through_the_link_log_store(spark, tmp_path):
+    jvm = spark._jvm
+    store = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(tmp_path)).store()
+    assert store.getDelegate(jpath(spark, tmp_path)).logStoreImpl().getClass().getName() == LOCAL_LOG_STORE
 
 
 def test_created_files_get_the_permission_asked_for_and_a_checksum(spark, tmp_path):
@@ -87,3 +99,55 @@ def test_link_status_is_what_hadoops_own_local_fs_says(spark, tmp_path):
         ours = status_of(spark, LOCAL_FS_CONTEXT, tmp_path / name)
         assert ours == status_of(spark, "org.apache.hadoop.fs.local.LocalFs", tmp_path / name), name
     assert status_of(spark, LOCAL_FS_CONTEXT, tmp_path / "missing") == "java.io.FileNotFoundException"
+
+
+RACE = Path(__file__).resolve().parent / "support" / "commit_race.py"
+WINS = 150     # commits each writer makes; at about 2 ms a try, both race through the same versions
+
+
+def race(log_dir: Path, env: dict[str, str], log_store: str | None = None) -> dict[str, list[int]]:
+    """Two processes committing to log_dir at once (support/commit_race.py): the versions each won."""
+    start = log_dir.parent / "start"
+    extra = ["--log-store", log_store] if log_store else []
+    procs = {w: subprocess.Popen([sys.executable, str(RACE), str(log_dir), w, str(WINS), str(start), *extra],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in ("a", "b")}
+    try:
+        deadline = time.monotonic() + 300
+        while not all(Path(f"{start}.{w}.ready").exists() for w in procs):
+            failed = {w: p.stderr.read()[-3000:] for w, p in procs.items() if p.poll() is not None}
+            assert not failed, failed
+            assert time.monotonic() < deadline, "the writers' sessions did not start"
+            time.sleep(0.1)
+        start.touch()
+        won = {}
+        for w, p in procs.items():
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-3000:]
+            won[w] = json.loads(out.strip().splitlines()[-1])
+        return won
+    finally:
+        for p in procs.values():
+            p.kill()
+
+
+def test_two_processes_committing_to_one_delta_log_never_both_win_a_version(spark, tmp_path, env):
+    # run-bronze, run-silver and run-gold are separate applications that all commit to the ops
+    # tables. Delta's default local log store checks and renames under a lock of its own JVM, and a
+    # local rename replaces: a CI run lost a dq_results commit and was left with another writer's
+    # .crc beside it, unreadable for good.
+    log_dir = tmp_path / "table" / "_delta_log"
+    log_dir.mkdir(parents=True)
+    won = race(log_dir, env)
+    a, b = set(won["a"]), set(won["b"])
+    assert len(a) == len(b) == WINS
+    assert min(a) < max(b) and min(b) < max(a), "the writers did not run at once"
+    assert not a & b, f"both writers were told they committed versions {sorted(a & b)[:10]}"
+    assert {int(f.stem) for f in log_dir.glob("*.json")} == a | b == set(range(2 * WINS))
+    # Each commit is its winner's, checksum included (Hadoop's local file system verifies it).
+    rows = (spark.read.text(f"file://{log_dir}/*.json")
+            .selectExpr("regexp_extract(input_file_name(), '(\\\\d+)\\\\.json$', 1) AS v", "value").collect())
+    commits = {int(r.v): json.loads(r.value)["commitInfo"] for r in rows}
+    assert {v: c["writer"] for v, c in commits.items()} == {v: "a" if v in a else "b" for v in a | b}
+    assert all(c["version"] == v for v, c in commits.items())
+    assert not [f.name for f in log_dir.iterdir() if ".tmp" in f.name]
