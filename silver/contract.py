@@ -107,7 +107,7 @@ def may_have_undeclared(text: Column, profile: Profile, spark) -> Column | None:
     if spec is None:
         return None
     register_java_function(spark, UNDECLARED, _UNDECLARED_CLASS, BooleanType(), "silver-keys")
-    return F.call_function(UNDECLARED, text, F.lit(spec))
+    return F.call_function(UNDECLARED, text.cast("binary"), F.lit(spec.encode()))
 
 
 def _names(names) -> Column:
