@@ -122,11 +122,6 @@ def add_missing_columns(spark, path: str, schema) -> list[str]:
     return [f.name for f in missing]
 
 
-# Another application set the table up while this one did (run-silver and run-gold started at
-# once both create or align the ops tables): Delta lets one commit win, and the other looks again.
-SETUP_ATTEMPTS = 3
-
-
 def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by=(),
                  properties: dict[str, str] | None = None, constraints: dict[str, str] | None = None) -> str:
     """Create the table if missing, with its CHECK `constraints` (name -> expression) in its
@@ -134,15 +129,11 @@ def ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_b
     conf applies at the next start, not only to new tables), the constraints it lacks and the
     nullable columns the schema gained since it was created. Safe against another application
     doing the same at the same time."""
-    from delta.exceptions import MetadataChangedException, ProtocolChangedException
-
-    for _ in range(SETUP_ATTEMPTS - 1):
-        try:
-            return _ensure_table(spark, cfg, layer, table, schema, partition_by, properties, constraints)
-        except (ProtocolChangedException, MetadataChangedException) as e:
-            logger.info(f"{layer}.{table}: set up by another application at the same time "
-                        f"({type(e).__name__}); looking at it again")
-    return _ensure_table(spark, cfg, layer, table, schema, partition_by, properties, constraints)
+    # run-silver and run-gold started at once both create or align the ops tables: Delta lets
+    # one commit win, and the other's conflict (ProtocolChangedException on a create) sends it
+    # to look again, when it finds the table made or aligned.
+    return retry_on_conflict(lambda: _ensure_table(spark, cfg, layer, table, schema, partition_by,
+                                                   properties, constraints))
 
 
 def _ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_by,
