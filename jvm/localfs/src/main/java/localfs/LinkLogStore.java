@@ -95,8 +95,14 @@ public class LinkLogStore extends HadoopFileSystemLogStore {
       // Only the writer whose link won moves its checksum beside the commit; a losing writer's
       // checksum leaves with its temporary file, so the two always come from one writer.
       FileSystem raw = local.getRawFileSystem();
-      raw.rename(local.getChecksumFile(temp), local.getChecksumFile(path));
-      raw.delete(temp, false);
+      try {
+        raw.rename(local.getChecksumFile(temp), local.getChecksumFile(path));
+        raw.delete(temp, false);
+      } catch (IOException e) {
+        // The commit is in place (a commit without its checksum reads unchecked): reporting it
+        // failed now would have Delta retry a commit that happened.
+        LOG.warn("Delta commit {} is written; tidying its temporary file failed: {}", path, e.toString());
+      }
     } finally {
       if (!published) {
         fs.delete(temp, false);

@@ -1,6 +1,7 @@
 package silverkeys;
 
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -17,9 +18,9 @@ import org.apache.spark.sql.api.java.UDF2;
 /**
  * (record's JSON text, contract spec), both as UTF-8 bytes -> whether the record may have a key
  * the contract does not declare at a level it checks. One streaming scan: no value is built, and
- * it stops at the first undeclared key. Registered as silver_undeclared_keys by silver/contract.py, which builds the
- * spec and reads the record a second time (each level as a map of key -> VARIANT) only where this
- * says true.
+ * it stops at the first undeclared key. Registered as silver_undeclared_keys by
+ * silver/contract.py, which builds the spec and reads the record a second time (each level as a
+ * map of key -> VARIANT) only where this says true.
  *
  * <p>Bytes, not strings: Spark hands a BINARY column over as its bytes, where a STRING is decoded
  * into a Java String per row (and the literal spec with it), and Jackson scans UTF-8 bytes faster
@@ -74,7 +75,7 @@ public final class UndeclaredKeys implements UDF2<byte[], byte[], Boolean> {
             try (JsonParser p = JSON.createParser(spec)) {
                 if (p.nextToken() != JsonToken.START_OBJECT) {
                     throw new IllegalArgumentException("silver_undeclared_keys: the spec is not a JSON object: "
-                            + new String(spec, java.nio.charset.StandardCharsets.UTF_8));
+                            + new String(spec, StandardCharsets.UTF_8));
                 }
                 parsed = new Parsed(spec, node(p));
             }
