@@ -1459,6 +1459,22 @@ def test_merge_events_bridge_keeps_the_smallest_id_and_returns_absorbed():
     assert [s["id"] for s in merged] == ["d@1000", "d@4200000", None] and absorbed == set()
 
 
+def test_merge_events_latest_values_come_from_the_latest_event_the_batch_s_at_a_tie():
+    # Out of order within the batch: the latest event gives the location, whatever its row.
+    both = pd.concat([events_frame(30 * MIN, zip_code="30303"), events_frame(0, 10 * MIN, zip_code="10001")])
+    merged, _ = merge([], both)
+    assert [(s["end"], s["zip"], s["events"]) for s in merged] == [(30 * MIN, "30303", 3)]
+    # At one time, the batch's last row wins, and the batch wins over the session it extends,
+    # even when its events start before the session does.
+    tie = pd.concat([events_frame(5 * MIN, 20 * MIN, zip_code="a"), events_frame(20 * MIN, zip_code="b")])
+    merged, _ = merge([session("d@600000", 10 * MIN, 20 * MIN, zip_code="old")], tie)
+    assert [(s["id"], s["start"], s["zip"], s["events"]) for s in merged] == [("d@600000", 5 * MIN, "b", 4)]
+    # A null measure counts as 0, as a null summed in SQL adds nothing.
+    nulls = events_frame(0, MIN, person=True).astype({"person_events": "float64"})
+    nulls.loc[0, "person_events"] = float("nan")
+    assert [s["person"] for s in merge([], nulls)[0]] == [1]
+
+
 class FakeState:
     """The GroupState surface make_session_updater uses."""
 
