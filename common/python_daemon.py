@@ -11,11 +11,18 @@ stateful operator's 0.2 s). The archives never change while a worker lives (Spar
 overwrite an added file), so their finders keep what they read; every other finder, and the
 finders on sys.meta_path, are invalidated as before.
 
-The workers are forks of this process: they inherit the change. Spark runs this module with
+Spark's archives are also put ahead of site-packages. With pip's pyspark they are that package's
+own copies (pyspark/python/lib/pyspark.zip, py4j's), and a module imported from a zip archive is
+compiled from source in every process, with no bytecode cache: 1.0-1.2 s of a core for the
+daemon and its workers' imports (pyspark, its pandas and streaming modules). Archives whose
+package is installed beside them go behind site-packages, so the same code loads from its .pyc.
+
+The workers are forks of this process: they inherit both changes. Spark runs this module with
 `python -m`, with the worker module as its argument, which pyspark.daemon reads as its own."""
 from __future__ import annotations
 
 import importlib
+import os
 import runpy
 import sys
 import zipimport
@@ -35,8 +42,34 @@ def invalidate_caches() -> None:
         sys.path_importer_cache.update(kept)
 
 
+def installed_beside(archive: str, paths: list[str]) -> bool:
+    """Whether `archive` is an installed pyspark's copy of a package installed beside it:
+    <site>/pyspark/python/lib/<package>[-version-src].zip with <site> on `paths` holding
+    <site>/<package>/__init__.py (a Spark home's archives stay where Spark put them)."""
+    parts = archive.replace("\\", "/").split("/")
+    if len(parts) < 5 or parts[-4:-1] != ["pyspark", "python", "lib"] or not parts[-1].endswith(".zip"):
+        return False
+    site = "/".join(parts[:-4])
+    package = parts[-1][:-len(".zip")].split("-")[0]
+    return site in paths and os.path.isfile(os.path.join(site, package, "__init__.py"))
+
+
+def prefer_installed(paths: list[str]) -> list[str]:
+    """`paths` with the archives installed_beside() behind every other entry, in their order."""
+    behind = [p for p in paths if installed_beside(p, paths)]
+    return [p for p in paths if p not in behind] + behind
+
+
 if __name__ == "__main__":
     from common.python_daemon import invalidate_caches as keeping_zip_directories  # named by its module
 
     importlib.invalidate_caches = keeping_zip_directories
+    sys.path[:] = prefer_installed(sys.path)
+    # Each worker of a pandas function (gold's sessions) imported pandas and pyarrow, 0.9 s of a
+    # core, and a run forks several: imported once here, every fork finds them loaded.
+    for preloaded in ("pandas", "pyarrow"):
+        try:
+            importlib.import_module(preloaded)
+        except ImportError:     # a job without pandas UDFs need not have them
+            pass
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
