@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 from common.config import load_config
 from common.catalog import register_table
-from common.delta import ensure_table, retention_properties, table_version
+from common.delta import ensure_table, local_frame, retention_properties, table_version
 from common.errors import JobError, command
 from common.lineage import PIPELINE, to_user_metadata
 from common.log import configure, fields
@@ -111,10 +111,14 @@ def load(spark, cfg, path=None) -> int | None:
 def _write(spark, cfg, table: str, dim, rows: list[Interval], applied: frozenset[int], fresh: bool,
            lineage: dict) -> None:
     from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    micros = ", ".join([*(f"{c} STRING" for c in (dim.key, *dim.columns)), "f LONG", "t LONG"])
+    micros = StructType([*(StructField(c, StringType()) for c in (dim.key, *dim.columns)),
+                         StructField("f", LongType()), StructField("t", LongType())])
     marks = [(None, *(None for _ in dim.columns), t, t) for t in sorted(applied)]
-    data = (spark.createDataFrame([(r.key, *r.values, r.valid_from, r.valid_to) for r in rows] + marks, micros)
+    # A literal plan for a small file: createDataFrame's RDD of pickled rows starts Python
+    # workers for them, on a fresh lakehouse's path to silver's first batch.
+    data = (local_frame(spark, [(r.key, *r.values, r.valid_from, r.valid_to) for r in rows] + marks, micros)
             .select(dim.key, *dim.columns, F.timestamp_micros("f").alias(VALID_FROM),
                     F.timestamp_micros("t").alias(VALID_TO)))
     # The whole table in one overwrite: it is small, and every version is a complete history
