@@ -18,7 +18,8 @@ from datetime import datetime, timezone
 
 from common.errors import LakehouseError
 from common.config import Config
-from common.delta import ensure_table, idempotent_append, local_frame
+from common.delta import ensure_table, idempotent_append
+from common.literal_frame import local_frame
 from common.internals import running_execution
 from common.lineage import checkpoint_query_id
 from common.schemas import BATCH_ACCOUNTING

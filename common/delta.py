@@ -164,36 +164,6 @@ def _ensure_table(spark, cfg: Config, layer: str, table: str, schema, partition_
     return path
 
 
-LOCAL_FRAME_MAX_ROWS = 500     # past this a literal plan costs more to analyse than the RDD path
-
-
-def local_frame(spark, rows, schema):
-    """A small DataFrame of Python rows (tuples in `schema` order) built from literals, in one
-    partition. createDataFrame pickles the rows into an RDD spread over default.parallelism
-    partitions; for the few rows of an ops table that costs about as much as the Delta commit
-    itself, which is on every micro-batch's path."""
-    from pyspark.sql import functions as F
-
-    if not rows or len(rows) > LOCAL_FRAME_MAX_ROWS:
-        return spark.createDataFrame(rows, schema)
-    structs = [F.struct(*[_literal(value, f.dataType).alias(f.name) for value, f in zip(row, schema.fields)])
-               for row in rows]
-    return spark.range(1, numPartitions=1).select(F.inline(F.array(*structs)))
-
-
-def _literal(value, data_type):
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import MapType
-
-    if value is None:
-        return F.lit(None).cast(data_type)
-    if isinstance(data_type, MapType):
-        if not value:
-            return F.create_map().cast(data_type)
-        return F.create_map(*[F.lit(x) for kv in value.items() for x in kv]).cast(data_type)
-    return F.lit(value).cast(data_type)
-
-
 TXN = "txn"          # the user-metadata key of an idempotent append: {"app": app id, "version": n}
 
 

@@ -17,7 +17,8 @@ from datetime import datetime, timezone
 from pyspark.sql.streaming import StreamingQueryListener
 
 from common.config import Config
-from common.delta import ensure_table, local_frame
+from common.delta import ensure_table
+from common.literal_frame import local_frame
 from common.lineage import PIPELINE, to_user_metadata
 from common.log import fields
 from common.schemas import QUERY_PROGRESS

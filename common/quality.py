@@ -374,7 +374,8 @@ def write_results(spark, path: str, checked: list[tuple[list[Outcome], Suite]], 
     a `fail` rule is recorded under its own app id, so after the fix its replay adds the passing
     results next to the failed attempt (an audit trail), while a replay of the same outcome is
     skipped."""
-    from common.delta import idempotent_append, local_frame
+    from common.delta import idempotent_append
+    from common.literal_frame import local_frame
     from common.schemas import DQ_RESULTS
 
     rows = [row for outcomes, suite in checked for row in dq_rows(outcomes, query, batch_id, suite.table, suite.name)]

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from common import accounting
-from common.delta import add_missing_columns, change_feed, ensure_table, local_frame, table_version
+from common.delta import add_missing_columns, change_feed, ensure_table, table_version
+from common.literal_frame import local_frame
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Append, Result
 from common.quality import QualityGate, SuiteError, load_suites

@@ -17,7 +17,8 @@ from datetime import datetime, timedelta, timezone
 
 from common.config import load_config
 from common.catalog import register_table
-from common.delta import ensure_table, local_frame, retention_properties, table_version
+from common.delta import ensure_table, retention_properties, table_version
+from common.literal_frame import local_frame
 from common.errors import JobError, command
 from common.lineage import PIPELINE, to_user_metadata
 from common.log import configure, fields

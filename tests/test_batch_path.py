@@ -13,7 +13,7 @@ import pytest
 
 from common.batch import together
 from common.config import load_config
-from common.delta import local_frame
+from common.literal_frame import local_frame
 from common.lineage import read_nothing
 from common.schemas import BATCH_ACCOUNTING, QUERY_PROGRESS
 from common.spark import NO_DATA_BATCHES
@@ -32,6 +32,35 @@ def test_local_frame_holds_the_same_rows_as_create_dataframe_in_one_partition(sp
     assert frame.collect() == spark.createDataFrame(rows, QUERY_PROGRESS).collect()
     one = [("gold", "gold_x", 7, now) + (None,) * (len(BATCH_ACCOUNTING) - 4)]
     assert local_frame(spark, one, BATCH_ACCOUNTING).collect() == spark.createDataFrame(one, BATCH_ACCOUNTING).collect()
+
+
+def test_local_frame_renders_every_value_exactly_and_builds_other_types_from_columns(spark):
+    from datetime import date
+
+    from pyspark.sql.types import (BooleanType, DateType, DoubleType, IntegerType, LongType, MapType,
+                                   StringType, StructField, StructType, TimestampType)
+
+    schema = StructType([StructField("s", StringType()), StructField("l", LongType()), StructField("i", IntegerType()),
+                         StructField("d", DoubleType()), StructField("b", BooleanType()),
+                         StructField("t", TimestampType()), StructField("m", MapType(StringType(), LongType()))])
+    tricky = ["it's \\ \"q\" ${env:HOME} ${x}", "line\nbreak\ttab", "Zürich 東京 🎥", "", "X'00'"]
+    rows = [(text, 2**63 - 1, -2**31, value, flag, when, m) for text, value, flag, when, m in zip(
+        tricky, [float("nan"), float("inf"), float("-inf"), 0.1, 1e-300],
+        [True, False, True, False, True],
+        [datetime(2026, 11, 24, 1, 2, 3, 999999), datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=timezone.utc),
+         datetime(2026, 3, 29, 1, 30), None, datetime(9999, 12, 31, 23, 59, 59)],
+        [{}, {"a": None, "b": -2**63}, None, {"${x}": 1}, {"é": 0}])]
+    rows.append((None,) * len(schema))
+    frame = local_frame(spark, rows, schema)
+    assert [f.dataType for f in frame.schema] == [f.dataType for f in schema]
+    # repr: NaN is unequal to itself
+    assert repr(frame.collect()) == repr(spark.createDataFrame(rows, schema).collect())
+    assert frame.rdd.getNumPartitions() == 1
+
+    # a type the SQL text does not render (dates) still gives the rows, through Column literals
+    dated = StructType([StructField("day", DateType()), StructField("n", IntegerType())])
+    assert local_frame(spark, [(date(2026, 1, 2), 3)], dated).collect() == \
+        spark.createDataFrame([(date(2026, 1, 2), 3)], dated).collect()
 
 
 def test_together_runs_writes_at_once_returns_their_results_inherits_the_pool_and_raises_the_first_error(spark):
