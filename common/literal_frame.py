@@ -26,7 +26,11 @@ class _NotRendered(Exception):
 
 def local_frame(spark, rows, schema: StructType):
     """A DataFrame of `rows` (tuples in `schema` order) in one partition, of exactly `schema`'s
-    types."""
+    types. A row of another length is an error: the Column path would drop its extra values."""
+    width = len(schema.fields)
+    for i, row in enumerate(rows):
+        if len(row) != width:
+            raise ValueError(f"row {i} has {len(row)} values, schema {schema.simpleString()} has {width} fields")
     if not rows or len(rows) > MAX_ROWS:
         return spark.createDataFrame(rows, schema)
     try:
@@ -37,8 +41,6 @@ def local_frame(spark, rows, schema: StructType):
 
 
 def _row_sql(row, schema: StructType) -> str:
-    if len(row) != len(schema.fields):
-        raise _NotRendered
     return "named_struct(" + ", ".join(f"{_string(f.name)}, {sql_literal(v, f.dataType)}"
                                        for v, f in zip(row, schema.fields)) + ")"
 

@@ -62,6 +62,11 @@ def test_local_frame_renders_every_value_exactly_and_builds_other_types_from_col
     assert local_frame(spark, [(date(2026, 1, 2), 3)], dated).collect() == \
         spark.createDataFrame([(date(2026, 1, 2), 3)], dated).collect()
 
+    # a row of another width is an error naming it, on either path, never a truncated row
+    for short in ([(date(2026, 1, 2), 3), (date(2026, 1, 3), 4, "extra")], [rows[0][:-1]]):
+        with pytest.raises(ValueError, match=r"row \d+ has \d+ values, schema .* has \d+ fields"):
+            local_frame(spark, short, dated if len(short) == 2 else schema)
+
 
 def test_together_runs_writes_at_once_returns_their_results_inherits_the_pool_and_raises_the_first_error(spark):
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", "silver")
