@@ -32,6 +32,7 @@ from silver import transform as T
 from silver.locations import ensure_seeded, schema as locations_schema
 
 QUERY = "silver"
+STATS_COLUMNS = "delta.dataSkippingStatsColumns"
 METRICS = "silver_input"
 
 
@@ -56,7 +57,9 @@ def ensure_tables(spark, cfg, dimension: bool = True) -> None:
         # gold micro-batch read each event from the row's silver_batch_id and the commits' keys.
         partition = [cfg.profile.partition] if cfg.profile.partition else []
         feed = change_feed(cfg.silver.change_feed)
-        together(lambda: ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition, feed),
+        stats = {STATS_COLUMNS: ",".join(T.stats_columns(cfg.profile, silver_schema))}
+        together(lambda: ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition,
+                                      {**feed, **stats}),
                  lambda: ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema, (), feed))
 
     together((lambda: seed_dimension(spark, cfg)) if dimension else None,

@@ -12,7 +12,8 @@ from datetime import datetime
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType, _parse_datatype_string
+from pyspark.sql.types import (ArrayType, DateType, MapType, NumericType, StringType, StructField, StructType,
+                               TimestampNTZType, TimestampType, _parse_datatype_string)
 
 from common import raw_bytes
 from common.profile import Profile
@@ -483,6 +484,27 @@ def silver_columns(profile: Profile) -> list[str]:
     dim = profile.dimension
     return [*event_columns(profile), "event_date", *((*dim.columns, dim.flag) if dim else ()),
             C.RESCUED_DATA, *LINEAGE_COLUMNS, "silver_batch_id", FRONTIER]
+
+
+def stats_columns(profile: Profile, schema: StructType) -> list[str]:
+    """The columns of silver's events Delta keeps file statistics for (the table property
+    delta.dataSkippingStatsColumns): those reads of silver filter or join on. The event's id and
+    time (backfills, refreshes, time ranges), the dimension's key and every column a gold table
+    groups by (a reader's usual filters), the batch (the audit) and the bronze position (lineage
+    back to bronze). Delta's default, every one of the first 32 columns, spent 0.9 s of a
+    200,000-event silver write on statistics of names, flags, lineage text and rescued JSON that
+    no read skips files by (2.6-2.7 s against 1.7-1.8 s). Only types Delta keeps min/max values
+    of (`schema`: silver's): Delta refuses a boolean (nest's unknown_device, a gold group) there."""
+    groups = [profile.dimension.key] if profile.dimension else []
+    groups += [c for a in profile.aggregations for c in a.group]
+    groups += [profile.sessions.key] if profile.sessions else []
+    groups += [c for t in profile.tables for c in t.get("group", ())]
+    wanted = ["event_id", "event_time", *groups, "silver_batch_id",
+              "bronze_file_path", "bronze_line_number", "bronze_kafka_partition", "bronze_kafka_offset"]
+    ranged = {f.name for f in schema.fields if isinstance(f.dataType, (
+        StringType, NumericType, DateType, TimestampType, TimestampNTZType))}
+    have = (set(silver_columns(profile)) & ranged) - {profile.partition}     # a partition needs none
+    return list(dict.fromkeys(c for c in wanted if c in have))
 
 
 def frontier_ms(watermark_ms: int, delay_seconds: float) -> int | None:

@@ -264,6 +264,25 @@ def test_rows_carry_the_event_time_frontier_silver_had_reached_before_their_batc
     assert {r.silver_frontier_time for r in second} == {max(r.event_time for r in first)}
 
 
+def test_delta_keeps_file_statistics_only_for_the_columns_reads_filter_on(spark, stream):
+    """Delta's min/max statistics of silver's files are for the id, the event time, the columns
+    gold groups by and the lineage positions: the ones reads skip files by. A name or a boolean
+    costs the write its statistics for nothing."""
+    path = stream.cfg.table_path("silver", "camera_events")
+    wanted = T.stats_columns(stream.cfg.profile, spark.read.format("delta").load(path).schema)
+    assert {"event_id", "event_time", "device_id", "zip_code", "silver_batch_id", "bronze_file_path"} <= set(wanted)
+    assert not {"name", "has_person", "unknown_device", "_rescued_data", "event_date"} & set(wanted)
+    assert common_delta.table_properties(spark, path)["delta.dataSkippingStatsColumns"] == ",".join(wanted)
+    actions = [json.loads(line) for log in sorted(Path(path, "_delta_log").glob("*.json"))
+               for line in log.read_text().splitlines()]
+    adds = [a["add"] for a in actions if "add" in a]
+    assert adds
+    for add in adds:
+        stats = json.loads(add["stats"])
+        assert stats["numRecords"] > 0
+        assert set(stats["minValues"]) <= set(wanted) and {"event_id", "event_time"} <= set(stats["minValues"])
+
+
 def test_accounting_adds_up_for_every_batch(stream):
     first, second = stream.runs
     assert first and second and set(first).isdisjoint(second)
