@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 
 from common import accounting
-from common.delta import add_missing_columns, change_feed, ensure_table, table_version
+from common.delta import add_missing_columns, change_feed, ensure_table, skipping_stats, table_version
 from common.literal_frame import local_frame
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Append, Result
@@ -32,7 +32,6 @@ from silver import transform as T
 from silver.locations import ensure_seeded, schema as locations_schema
 
 QUERY = "silver"
-STATS_COLUMNS = "delta.dataSkippingStatsColumns"
 METRICS = "silver_input"
 
 
@@ -57,7 +56,7 @@ def ensure_tables(spark, cfg, dimension: bool = True) -> None:
         # gold micro-batch read each event from the row's silver_batch_id and the commits' keys.
         partition = [cfg.profile.partition] if cfg.profile.partition else []
         feed = change_feed(cfg.silver.change_feed)
-        stats = {STATS_COLUMNS: ",".join(T.stats_columns(cfg.profile, silver_schema))}
+        stats = skipping_stats(T.stats_columns(cfg.profile, silver_schema))
         together(lambda: ensure_table(spark, cfg, "silver", cfg.silver_table, silver_schema, partition,
                                       {**feed, **stats}),
                  lambda: ensure_table(spark, cfg, "silver", "quarantine", quarantine_schema, (), feed))
