@@ -87,10 +87,20 @@ def _bool(text: Column) -> Column:
     return F.when(F.lower(text) == "true", True).when(F.lower(text) == "false", False)
 
 
+# What a timestamp field (format: iso) accepts: ISO-8601 with Z or an offset and 0-6 fraction
+# digits; no zone, a bare number (epoch) or garbage gives NULL -> bad_timestamp.
+ISO_PATTERN = "yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]XXX"
+# Text of ISO_PATTERN's usual shape, which a cast (Spark's own parser, after upper-casing the T
+# and Z this pattern also takes in lower case) reads to the same instant or to NULL as the
+# pattern does (tests/test_silver_transform.py checks it on 300,000 such texts). The pattern's
+# DateTimeFormatter was 13% of silver's parse CPU; every other text (signed or 5-digit years,
+# garbage) still goes through it. `\z`, not `$`: `$` would take a trailing newline.
+ISO_SHAPE = r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,6})?([Zz]|[+-]\d{2}:\d{2})\z"
+
+
 def _timestamp(text: Column) -> Column:
-    # ISO-8601 with Z or offset, 0-6 fraction digits; no zone, a bare number (epoch) or garbage
-    # gives NULL -> bad_timestamp.
-    return F.try_to_timestamp(text, F.lit("yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]XXX"))
+    return (F.when(text.rlike(ISO_SHAPE), F.upper(text).try_cast("timestamp"))
+            .otherwise(F.try_to_timestamp(text, F.lit(ISO_PATTERN))))
 
 
 def _reason(condition: Column, code: str) -> Column:

@@ -289,6 +289,53 @@ def test_quarantined_events_get_their_record_bytes_once_per_record(spark, silver
     assert by_line[3][0].raw == one_bad
 
 
+def _iso_texts(n: int, seed: int) -> list[str]:
+    """Texts of ISO_SHAPE with every part drawn near its edges (month 00 and 13, day 31 of
+    April, hour 24, second 60, offsets past 18 h, lower-case t and z), most of them invalid."""
+    import random
+
+    rnd = random.Random(seed)
+
+    def two(edges):
+        return rnd.choice(edges) if rnd.random() < 0.7 else f"{rnd.randrange(100):02d}"
+
+    texts = set()
+    while len(texts) < n:
+        year = rnd.choice(["0000", "0001", "1582", "1900", "2000", "2024", "2026", "9999",
+                           f"{rnd.randrange(10000):04d}"])
+        fraction = rnd.choice(["", "." + "".join(rnd.choice("0123456789") for _ in range(rnd.randint(1, 6)))])
+        zone = rnd.choice(["Z", "z", f"{rnd.choice('+-')}{two(['00', '05', '14', '18', '19'])}:"
+                                     f"{two(['00', '30', '59', '60'])}"])
+        texts.add(f"{year}-{two(['00', '01', '02', '04', '12', '13'])}-{two(['00', '01', '29', '30', '31', '32'])}"
+                  f"{rnd.choice('Tt')}{two(['00', '23', '24'])}:{two(['00', '59', '60'])}:"
+                  f"{two(['00', '59', '60'])}{fraction}{zone}")
+    return sorted(texts)
+
+
+def test_iso_timestamps_read_by_the_fast_cast_equal_the_pattern_s_reading(spark):
+    """Silver reads text of ISO_SHAPE with a cast instead of ISO_PATTERN's formatter: on every
+    such text both give the same instant, to the microsecond, or both NULL; text of any other
+    shape is read by the pattern itself."""
+    texts = _iso_texts(60_000, seed=11)
+    edges = ["2026-11-01T10:00:00Z\n", " 2026-11-01T10:00:00Z", "-0001-01-01T00:00:00Z", "-0000-01-01T00:00:00Z",
+             "+12026-01-01T00:00:00Z", "-10000-01-01T00:00:00Z", "2026-11-01 10:00:00Z", "2026-11-01T10:00:00",
+             "2026-11-01T10:00:00.1234567Z", "2026-11-01T10:00:00+0530", "2026-11-01T10:00:00+05:30:00",
+             "2026-11-01T10:00:00UTC", "1793527200", "", "2026-11-01T10:00Z"]
+    df = spark.createDataFrame([(t,) for t in texts + edges], "s string")
+    shaped = F.col("s").rlike(T.ISO_SHAPE)
+    assert df.where(shaped).count() == len(texts)
+    pattern = F.unix_micros(F.try_to_timestamp("s", F.lit(T.ISO_PATTERN)))
+    ours = F.unix_micros(T._timestamp(F.col("s")))
+    counts = df.agg(F.count_if(~pattern.eqNullSafe(ours)).alias("differ"),
+                    F.count_if(shaped & ours.isNotNull()).alias("read"),
+                    F.count_if(shaped & ours.isNull()).alias("null")).first()
+    assert counts.differ == 0
+    assert counts.read > 1_000 and counts.null > 1_000     # both outcomes well represented
+    read = {r.s: r.t for r in df.where(F.col("s").isin(edges)).select("s", ours.alias("t")).collect()}
+    assert read["-0001-01-01T00:00:00Z"] is not None and read["-10000-01-01T00:00:00Z"] is not None
+    assert read["2026-11-01T10:00:00Z\n"] is None and read["-0000-01-01T00:00:00Z"] is None
+
+
 def test_time_range_edges_are_accepted(spark, silver_conf):
     raws = [record(camera(start="2000-01-01T00:00:00.000Z", end="2000-01-01T00:00:10.000Z")),
             record(camera(start=AT_LIMIT, end=AT_LIMIT))]
