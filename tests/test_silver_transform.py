@@ -5,6 +5,7 @@ Bronze rows are built by hand (raw JSON text + file lineage); nothing here start
 from __future__ import annotations
 
 import json
+import random
 import re
 from datetime import datetime, timedelta, timezone
 
@@ -292,8 +293,6 @@ def test_quarantined_events_get_their_record_bytes_once_per_record(spark, silver
 def _iso_texts(n: int, seed: int) -> list[str]:
     """Texts of ISO_SHAPE with every part drawn near its edges (month 00 and 13, day 31 of
     April, hour 24, second 60, offsets past 18 h, lower-case t and z), most of them invalid."""
-    import random
-
     rnd = random.Random(seed)
 
     def two(edges):
