@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.delta import TXN, commit_metadata
+from common.delta import TXN, commit_metadata, sources_pinned
 from common.errors import KeptFailure
 from common.internals import PinnedBlocks
 from common.lineage import (batch_lineage, checkpoint_query_id, last_logged_batch, read_nothing,
@@ -205,7 +205,9 @@ class MicroBatch(QueryBody):
         updating = any(isinstance(out, Update) for out, _ in chosen)
         merging = (commit_metadata(df.sparkSession, {**ctx.lineage, TXN: {"app": keys.pop(), "version": ctx.batch_id}})
                    if keys else commit_metadata(df.sparkSession, ctx.lineage) if updating else nullcontext())
-        with merging:
+        merges = [out for out, _ in chosen if isinstance(out, Merge)]
+        pinned = sources_pinned(df.sparkSession) if merges and all(m.pinned for m in merges) else nullcontext()
+        with merging, pinned:
             together(*writes, *(g.record for g in ctx.gated), book)
         return counts
 

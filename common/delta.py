@@ -297,6 +297,24 @@ def conflicts() -> tuple[type, ...]:
             E.ConcurrentTransactionException, E.MetadataChangedException, E.ProtocolChangedException)
 
 
+# How Delta's MERGE keeps its source stable between its two passes (finding the touched files,
+# then writing): "auto" copies any source that is not a plain Delta scan into a local checkpoint.
+MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+
+
+@contextmanager
+def sources_pinned(session):
+    """MERGEs made inside take their source as it is: the caller's source is a local checkpoint
+    already (BatchContext.pin), so Delta's own would be a second copy, one more Spark job per
+    MERGE. Reading it twice gives the same rows; a lost block fails the MERGE, and the batch is
+    replayed. (Session-wide, like commit_metadata: pass the micro-batch's own session.)"""
+    session.conf.set(MATERIALIZE_SOURCE, "none")
+    try:
+        yield
+    finally:
+        session.conf.unset(MATERIALIZE_SOURCE)
+
+
 @contextmanager
 def commit_metadata(session, metadata: dict):
     """Commits made inside (MERGE has no writer option) carry `metadata` as user metadata.

@@ -50,6 +50,9 @@ class Merge:
     clauses: Callable
     initial: Callable = field(default=lambda rows: rows)
     suffix: str = "merge"
+    # Its rows are pinned (BatchContext.pin), and its clauses pin what they add to them: Delta
+    # need not copy the MERGE's source (common.delta.sources_pinned).
+    pinned: bool = False
 
     def key(self, ctx) -> str:
         return _key(ctx, self.suffix)

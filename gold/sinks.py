@@ -21,7 +21,7 @@ def outputs(cfg, spec: GoldTable) -> tuple:
     """A table's outputs: its MERGE by key, its closing UPDATE, and its stats when the table
     publishes them."""
     path = cfg.table_path("gold", spec.table)
-    declared = (Merge(spec.table, path, spec.keys, spec.merge, spec.live, KEY),
+    declared = (Merge(spec.table, path, spec.keys, spec.merge, spec.live, KEY, pinned=True),
                 Update(closing(spec), path, spec.close))
     if spec.publish and cfg.gold.stats_to_kafka:
         return (*declared, Publish(stats(spec), partial(publish_stats, cfg, spec)))

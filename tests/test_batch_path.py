@@ -372,3 +372,50 @@ def test_a_batch_after_a_small_one_interprets_its_expressions_and_one_after_a_la
     query.awaitTermination()
     assert [s[:2] for s in seen] == [(None, 2), ("NO_CODEGEN", 2), ("NO_CODEGEN", 10), (None, 3)], seen
     assert [s[2] for s in seen] == [3.0, 3.0, 135.0, 9.0]
+
+
+def _jobs(spark) -> dict[int, str]:
+    """Spark's jobs so far (its status store, the UI's), by id: their descriptions."""
+    jobs = spark.sparkContext._jsc.sc().statusStore().jobsList(None)
+    said = [(job.jobId(), job.description()) for job in map(jobs.apply, range(jobs.size()))]
+    return {i: d.get() if d.isDefined() else "" for i, d in said}
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_merge_of_pinned_rows_is_not_copied_again_by_delta(spark, cfg, pinned):
+    """A gold batch's MERGE source is a local checkpoint already (BatchContext.pin). Delta's
+    MERGE copies any source that is not a plain Delta scan into one more local checkpoint, a
+    Spark job per table per batch; a Merge declared `pinned` runs without it, to the same rows.
+    (Declared not pinned, the copy is made: what the job list is searched for is there.)"""
+    from delta.tables import DeltaTable
+
+    from common import accounting
+    from common.batch import MicroBatch
+    from common.outputs import Changed, Merge, Result
+    from pyspark.sql import functions as F
+
+    source, target = (str(Path(cfg.landing) / f"pin-{pinned}" / name) for name in ("source", "target"))
+    spark.createDataFrame([(1, "a"), (2, "b")], "k INT, v STRING").write.format("delta").save(source)
+    spark.createDataFrame([(1, "old"), (3, "c")], "k INT, v STRING").write.format("delta").save(target)
+
+    def upsert(table, rows):
+        table.alias("t").merge(rows.alias("s"), "t.k = s.k").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+
+    class PinBatch(MicroBatch):
+        layer = "gold"
+        outputs = (Merge("pin", target, ("k",), upsert, pinned=pinned),)
+
+        def compute(self, df, ctx):
+            rows = ctx.pin(df.select("k", F.concat("v", F.lit("!")).alias("v")))
+            return Result({"pin": Changed(rows)}, {"rows_written": rows.count()})
+
+    books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(f"pin-{pinned}"), lambda p: {})
+    body = PinBatch(spark, cfg, f"pin-{pinned}", "silver.events", {}, books)
+    before = set(_jobs(spark))
+    query = (spark.readStream.format("delta").load(source).writeStream.queryName(f"pin-{pinned}")
+             .foreachBatch(body).option("checkpointLocation", cfg.checkpoint(f"pin-{pinned}"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    assert sorted(map(tuple, DeltaTable.forPath(spark, target).toDF().collect())) == [(1, "a!"), (2, "b!"), (3, "c")]
+    copied = [d for i, d in _jobs(spark).items() if i not in before and "materialize source" in d]
+    assert bool(copied) is not pinned, copied

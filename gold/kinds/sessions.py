@@ -9,6 +9,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from common.batch import aggregates_while_caching
+from common.internals import PinnedBlocks
 from common.profile import Sessions
 from gold import sessions as S
 from gold.constraints import after, not_negative, not_null
@@ -74,10 +75,17 @@ class SessionTable(GoldTable):
         cond = self.condition()
         closing = (S.closing(target.toDF(), self.spec, watermark_ms).alias("t")
                    .join(rows.alias("s"), F.expr(cond), "left_anti"))
-        source = rows.unionByName(closing)
-        (target.alias("t").merge(source.alias("s"), cond)
-         .whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
-         .whenNotMatchedInsertAll(condition="s.status <> 'merged'").execute())
+        # A local checkpoint, filled by the MERGE's first pass and read by its second (Delta does
+        # not copy a gold batch's source, sinks.outputs): the source reads the target, which the
+        # second pass must not see changed, and over the union itself Delta's change-feed plan
+        # fails to resolve (MISSING_ATTRIBUTES).
+        source = rows.unionByName(closing).localCheckpoint(eager=False)
+        try:
+            (target.alias("t").merge(source.alias("s"), cond)
+             .whenMatchedDelete(condition="s.status = 'merged'").whenMatchedUpdateAll()
+             .whenNotMatchedInsertAll(condition="s.status <> 'merged'").execute())
+        finally:
+            PinnedBlocks(source).unpersist()
 
     def close(self, target: DeltaTable, watermark_ms):
         target.update(S.is_closing(self.spec, watermark_ms), {"status": F.lit("closed")})
