@@ -198,14 +198,14 @@ class MicroBatch(QueryBody):
         elif any(counts.get(k) for k in WRITTEN) or ctx.read:
             # (A watermark-only batch that wrote no row has no count to book: no ops commit.)
             book = lambda: self.record(ctx, counts)  # noqa: E731
-        keys = {out.key(ctx) for out, _ in chosen if isinstance(out, Merge)}
+        merges = [out for out, _ in chosen if isinstance(out, Merge)]
+        keys = {out.key(ctx) for out in merges}
         if len(keys) > 1:
             raise ValueError(f"{self.query}: a batch commits its merges under one key, got {sorted(keys)}")
         # Updates need no key (repeating one changes nothing), only the lineage.
         updating = any(isinstance(out, Update) for out, _ in chosen)
         merging = (commit_metadata(df.sparkSession, {**ctx.lineage, TXN: {"app": keys.pop(), "version": ctx.batch_id}})
                    if keys else commit_metadata(df.sparkSession, ctx.lineage) if updating else nullcontext())
-        merges = [out for out, _ in chosen if isinstance(out, Merge)]
         pinned = sources_pinned(df.sparkSession) if merges and all(m.pinned for m in merges) else nullcontext()
         with merging, pinned:
             together(*writes, *(g.record for g in ctx.gated), book)
