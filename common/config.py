@@ -81,6 +81,7 @@ class SparkConf(Spec):
     gc: one_of("auto", "parallel", "g1")
     class_archive: Bool
     interpreted_below_rows: Int
+    gate_one_task_below_rows: Int
 
 
 @spec

@@ -183,9 +183,10 @@ def load_suites(path: str | Path, gx: bool = True) -> dict[str, Suite]:
 class QualityGate:
     """Validates DataFrames against a suite with one ephemeral GX context per job."""
 
-    def __init__(self, suite: Suite):
+    def __init__(self, suite: Suite, one_task_below_rows: int = 0):
         gx = import_gx()
         self.suite = suite
+        self.one_task_below_rows = one_task_below_rows
         self._context = gx.get_context(mode="ephemeral")
         try:
             self._context.variables.progress_bars = {"globally": False, "metric_calculations": False}
@@ -217,7 +218,7 @@ class QualityGate:
         extra = {"unexpected_index_column_names": [self.suite.row_id]} if fmt == "COMPLETE" else {}
         return {"result_format": fmt, "partial_unexpected_count": SAMPLE_ROWS, **extra}
 
-    def _run(self, df, formats: dict[str, str]) -> dict:
+    def _run(self, df, formats: dict[str, str], rows: int | None) -> dict:
         """One GX graph for the rules, each with its own result format: GX computes the metrics
         they share (row count, null counts) once and bundles the aggregates on one domain into
         one Spark job. A validation-wide result format would make a rule needing more detail
@@ -227,7 +228,7 @@ class QualityGate:
             self._expectations[key] = [self._rules[name].gx().copy(update={"result_format": self._result_format(fmt)})
                                        for name, fmt in key]
         by_type = {}
-        for r in _validator(self._batches, df).run([e.configuration for e in self._expectations[key]]):
+        for r in _validator(self._batches, df).run([e.configuration for e in self._expectations[key]], rows):
             by_type.setdefault(r.expectation_config.type, []).append(r)
         return {name: _match(by_type.get(self._rules[name].expectation, []), self._rules[name]) for name in formats}
 
@@ -238,14 +239,23 @@ class QualityGate:
         needs, all in one validation: pass/fail (BOOLEAN_ONLY) for the row-wise rules whose
         success implies their counts, counts (BASIC) or row ids (COMPLETE) for the others (a
         `mostly`, an aggregate expectation's observed value). Only a row-wise rule that failed
-        needs a second validation, for its counts or ids. A clean batch pays for one."""
+        needs a second validation, for its counts or ids. A clean batch pays for one.
+
+        GX's metrics are whole-batch aggregates, each level of its metric graph one Spark query,
+        and an aggregate over several partitions is two jobs (Spark runs the exchange's map
+        stage as a job of its own). A batch smaller than `one_task_below_rows` is read as one
+        partition, with no exchange: one job per level. And a known row count is given to GX,
+        which would otherwise count the rows in a level of their own: a clean gold table's gate
+        was four jobs, and is one."""
+        if rows is not None and rows < self.one_task_below_rows:
+            df = df.coalesce(1)
         first = {rule.name: "BOOLEAN_ONLY" if rule.name in self._implied else self._detail_format(rule)
                  for rule in self.suite.rules}
-        found = self._run(df, first)
+        found = self._run(df, first, rows)
         failed = {name: self._detail_format(self._rules[name]) for name, fmt in first.items()
                   if fmt == "BOOLEAN_ONLY" and not found[name].success}
         if failed:
-            found.update(self._run(df, failed))
+            found.update(self._run(df, failed, rows))
         implied = {name for name, fmt in first.items() if fmt == "BOOLEAN_ONLY" and name not in failed}
         if rows is None and implied:
             rows = df.count()
@@ -291,13 +301,37 @@ def _per_rule_format_validator():
         the wrapped validator's graph_validate, as Validator._validate_expectation_configs
         runs it."""
 
-        def run(self, configs: list) -> list:
+        def run(self, configs: list, rows: int | None = None) -> list:
+            """`rows`: the batch's row count, if known: GX's table.row_count metric, given."""
             validator = self._wrapped_validator
-            return validator.graph_validate(
-                configurations=validator.process_expectations_for_validation(configs, None),
-                runtime_configuration={})
+            engine = validator.execution_engine
+            if rows is not None:
+                engine.resolve_metrics = _given_row_count(engine.resolve_metrics, rows)
+            try:
+                return validator.graph_validate(
+                    configurations=validator.process_expectations_for_validation(configs, None),
+                    runtime_configuration={})
+            finally:
+                if rows is not None:
+                    del engine.resolve_metrics      # the engine's own method again
 
     return PerRuleFormat
+
+
+def _given_row_count(resolve, rows: int):
+    """An execution engine's `resolve_metrics` (the one entry point GX's metric graph calls it
+    by) that answers the whole batch's row count (table.row_count without a row condition)
+    with `rows`, and resolves every other metric as the engine does."""
+    def resolve_metrics(metrics_to_resolve, metrics=None, runtime_configuration=None):
+        todo = list(metrics_to_resolve)
+        given = {m.id: rows for m in todo if m.metric_name == "table.row_count"
+                 and not (m.metric_domain_kwargs or {}).get("row_condition")}
+        rest = [m for m in todo if m.id not in given]
+        found = resolve(metrics_to_resolve=rest, metrics=metrics,
+                        runtime_configuration=runtime_configuration) if rest else {}
+        return {**found, **given}
+
+    return resolve_metrics
 
 
 def result_json_of(r) -> str:

@@ -275,7 +275,8 @@ def start_query(spark, cfg, specs, suites: dict):
     # they do not cover (gold/constraints.py), in one validation. (No suite at all, `suites={}`,
     # is how a test or a bench runs gold without a gate: Delta's constraints still hold.)
     gated = gate_suites(specs, suites) if suites else {}
-    gates = {spec.table: QualityGate(gated[f"gold.{spec.table}"]) for spec in specs if gated}
+    gates = {spec.table: QualityGate(gated[f"gold.{spec.table}"], cfg.spark.gate_one_task_below_rows)
+             for spec in specs if gated}
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
     silver = silver_stream(spark, cfg)
     batch = GoldBatch(spark, cfg, specs, gates, books, query, silver.schema)

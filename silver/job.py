@@ -87,7 +87,8 @@ class SilverBatch(MicroBatch):
                    Append("quarantine", cfg.table_path("silver", "quarantine"), "quarantine"),
                    Append("fields", cfg.table_path("ops", "new_fields"), "fields"),
                    Append(late.OUTPUT, cfg.table_path("silver", late.TABLE), late.KEY))
-        super().__init__(spark, cfg, QUERY, "bronze.events", {"events": QualityGate(suite)}, accounting_, outputs)
+        gate = QualityGate(suite, cfg.spark.gate_one_task_below_rows)
+        super().__init__(spark, cfg, QUERY, "bronze.events", {"events": gate}, accounting_, outputs)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
         self._dimension = None       # (version, its cached rows): dimension_at

@@ -49,8 +49,8 @@ def validations(monkeypatch):
     def counted(*args):
         validator = real(*args)
         run = validator.run
-        validator.run = lambda configs: runs.append([c.kwargs["result_format"]["result_format"]
-                                                     for c in configs]) or run(configs)
+        validator.run = lambda configs, *rest: runs.append([c.kwargs["result_format"]["result_format"]
+                                                            for c in configs]) or run(configs, *rest)
         return validator
     monkeypatch.setattr(Q, "_validator", counted)
     return runs
@@ -108,3 +108,46 @@ def test_a_failed_row_wise_rule_costs_a_second_validation_for_its_row_ids(spark,
     failed = {o.rule.name: o.unexpected_ids for o in outcomes if not o.success}
     assert failed == {"device_well_formed": ["e3"], "ends_after_start": ["e3"]}
     same_as_gx(outcomes, gx_complete(suite, df), 12)
+
+
+def gate_jobs(spark, gate, df, n):
+    """A gate's outcomes on df, and the Spark jobs its validation ran."""
+    import uuid
+
+    sc, group = spark.sparkContext, f"gate-{uuid.uuid4()}"
+    sc.setJobGroup(group, "a quality gate")
+    try:
+        outcomes = gate.validate(df, n)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    sc._jsc.sc().listenerBus().waitUntilEmpty()    # the tracker hears of a job after it ran
+    return outcomes, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_small_batch_of_known_size_is_validated_in_fewer_spark_jobs(spark, suite, bad, tmp_path):
+    """Below gate_one_task_below_rows, a batch of several partitions is read as one: GX's
+    whole-batch aggregates run without an exchange, one job each instead of two. Its row count,
+    given, is not counted again in a job of its own. The outcomes are GX's own all the same.
+    Single-column row-wise rules without `mostly` (all a gold gate has) share one aggregate: a
+    clean batch's gate is one job in all."""
+    df = spark.createDataFrame(rows(bad_device=bad), SCHEMA).repartition(3).cache()
+    df.count()
+    oracle = gx_complete(suite, df)
+    one, jobs_one = gate_jobs(spark, Q.QualityGate(suite, one_task_below_rows=13), df, 12)
+    partitioned, jobs_partitioned = gate_jobs(spark, Q.QualityGate(suite), df, 12)
+    counted, jobs_counted = gate_jobs(spark, Q.QualityGate(suite, one_task_below_rows=13), df, None)
+    for outcomes in (one, partitioned, counted):
+        same_as_gx(outcomes, oracle, 12)
+    assert jobs_one < jobs_partitioned and jobs_one < jobs_counted
+
+    single = [r for r in RULES if "column" in r["kwargs"] and "mostly" not in r["kwargs"]
+              and not r["expectation"].startswith("expect_column_max")]
+    path = tmp_path / "single.yaml"
+    path.write_text(yaml.safe_dump({"suite": "single", "table": "silver.t", "row_id": "event_id",
+                                    "expectations": single}))
+    single_suite = Q.load_suites(path)["silver.t"]
+    outcomes, jobs = gate_jobs(spark, Q.QualityGate(single_suite, one_task_below_rows=13), df, 12)
+    assert [o.success for o in outcomes] == [True, not bad]
+    if not bad:
+        assert jobs == 1
