@@ -245,8 +245,9 @@ class QualityGate:
         and an aggregate over several partitions is two jobs (Spark runs the exchange's map
         stage as a job of its own). A batch smaller than `one_task_below_rows` is read as one
         partition, with no exchange: one job per level. And a known row count is given to GX,
-        which would otherwise count the rows in a level of their own: a clean gold table's gate
-        was four jobs, and is one."""
+        which would otherwise count the rows in a level of their own: a clean gold table whose
+        rules are all single-column gated in four jobs, and now in one (a column-pair rule is
+        computed outside GX's bundles and adds its own)."""
         if rows is not None and rows < self.one_task_below_rows:
             df = df.coalesce(1)
         first = {rule.name: "BOOLEAN_ONLY" if rule.name in self._implied else self._detail_format(rule)
