@@ -246,8 +246,9 @@ class QualityGate:
         stage as a job of its own). A batch smaller than `one_task_below_rows` is read as one
         partition, with no exchange: one job per level. And a known row count is given to GX,
         which would otherwise count the rows in a level of their own: a clean gold table whose
-        rules are all single-column gated in four jobs, and now in one (a column-pair rule is
-        computed outside GX's bundles and adds its own)."""
+        rules are all single-column gated in four jobs, and now in one. A column-pair rule is
+        computed outside GX's bundles: its two counts, a job each in GX, are one aggregate
+        here (_pair_counts), one job more for a clean batch instead of two."""
         if rows is not None and rows < self.one_task_below_rows:
             df = df.coalesce(1)
         first = {rule.name: "BOOLEAN_ONLY" if rule.name in self._implied else self._detail_format(rule)
@@ -306,33 +307,63 @@ def _per_rule_format_validator():
             """`rows`: the batch's row count, if known: GX's table.row_count metric, given."""
             validator = self._wrapped_validator
             engine = validator.execution_engine
-            if rows is not None:
-                engine.resolve_metrics = _given_row_count(engine.resolve_metrics, rows)
+            engine.resolve_metrics = _fewer_jobs(engine, engine.resolve_metrics, rows)
             try:
                 return validator.graph_validate(
                     configurations=validator.process_expectations_for_validation(configs, None),
                     runtime_configuration={})
             finally:
-                if rows is not None:
-                    del engine.resolve_metrics      # the engine's own method again
+                del engine.resolve_metrics      # the engine's own method again
 
     return PerRuleFormat
 
 
-def _given_row_count(resolve, rows: int):
+def _fewer_jobs(engine, resolve, rows: int | None):
     """An execution engine's `resolve_metrics` (the one entry point GX's metric graph calls it
     by) that answers the whole batch's row count (table.row_count without a row condition)
-    with `rows`, and resolves every other metric as the engine does."""
+    with `rows` when known, computes each column-pair rule's two counts in one job
+    (_pair_counts), and resolves every other metric as the engine does."""
     def resolve_metrics(metrics_to_resolve, metrics=None, runtime_configuration=None):
         todo = list(metrics_to_resolve)
-        given = {m.id: rows for m in todo if m.metric_name == "table.row_count"
-                 and not (m.metric_domain_kwargs or {}).get("row_condition")}
+        given = {} if rows is None else {m.id: rows for m in todo if m.metric_name == "table.row_count"
+                                         and not (m.metric_domain_kwargs or {}).get("row_condition")}
+        given.update(_pair_counts(engine, todo, metrics or {}))
         rest = [m for m in todo if m.id not in given]
         found = resolve(metrics_to_resolve=rest, metrics=metrics,
                         runtime_configuration=runtime_configuration) if rest else {}
         return {**found, **given}
 
     return resolve_metrics
+
+
+PAIR_COUNTS = ("unexpected_count", "filtered_row_count")
+
+
+def _pair_counts(engine, todo, metrics: dict) -> dict:
+    """A column-pair rule's unexpected_count and filtered_row_count, which GX computes as two
+    counts of the same rows (its domain records, less those `ignore_row_if` drops), each a Spark
+    job of its own outside its aggregate bundles: here one aggregate gives both, by GX's own
+    condition and domain records. A pair whose condition is not at hand is left to GX."""
+    from pyspark.sql import functions as F
+
+    pairs: dict[tuple, dict] = {}
+    for m in todo:
+        base, _, suffix = m.metric_name.rpartition(".")
+        if suffix in PAIR_COUNTS and {"column_A", "column_B"} <= set(m.metric_domain_kwargs or {}):
+            pairs.setdefault((base, m.metric_domain_kwargs_id), {})[suffix] = m
+    out = {}
+    for pair in pairs.values():
+        deps = [m.metric_dependencies.get("unexpected_condition") for m in pair.values()]
+        if len(pair) < 2 or None in deps or len({d.id for d in deps}) > 1 or deps[0].id not in metrics:
+            continue
+        condition, compute_kwargs, accessor_kwargs = metrics[deps[0].id]
+        records = engine.get_domain_records(domain_kwargs={**compute_kwargs, **accessor_kwargs})
+        # As GX: the condition as a column first (it may be a window function), true counts.
+        n, unexpected = (records.withColumn("__unexpected", condition)
+                         .agg(F.count(F.lit(1)), F.count_if(F.col("__unexpected") == True))  # noqa: E712
+                         .first())
+        out[pair["filtered_row_count"].id], out[pair["unexpected_count"].id] = n, unexpected
+    return out
 
 
 def result_json_of(r) -> str:
