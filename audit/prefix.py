@@ -12,6 +12,7 @@ transforms the stream runs, in batch, over `silver VERSION AS OF <consumed versi
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -114,17 +115,20 @@ TRACKED = "row tracking"
 
 
 _STAMPS: dict[tuple[str, int], object] = {}      # (path, table version) -> row_versions
+_READ_ONCE = threading.Lock()                     # _STAMPS, filled by one thread
 
 
 def row_versions(spark, path: str):
     """row_versions_of the table as it is now, read once per table version (every gold table's
-    check and its accounting ask)."""
+    check and its accounting ask; the checks run side by side, so the first reads and the
+    others wait for it rather than read the same history again)."""
     from common.delta import table_version
 
-    key = (path, table_version(spark, path))
-    if key not in _STAMPS:
-        _STAMPS[key] = row_versions_of(spark, path)
-    return _STAMPS[key]
+    with _READ_ONCE:
+        key = (path, table_version(spark, path))
+        if key not in _STAMPS:
+            _STAMPS[key] = row_versions_of(spark, path)
+        return _STAMPS[key]
 
 
 def row_versions_of(spark, path: str):
