@@ -346,17 +346,18 @@ def _pair_counts(engine, todo, metrics: dict) -> dict:
     condition and domain records. A pair whose condition is not at hand is left to GX."""
     from pyspark.sql import functions as F
 
-    pairs: dict[tuple, dict] = {}
+    pairs: dict[str, dict] = {}         # the rule's condition (a metric id) -> its two counts
     for m in todo:
-        base, _, suffix = m.metric_name.rpartition(".")
-        if suffix in PAIR_COUNTS and {"column_A", "column_B"} <= set(m.metric_domain_kwargs or {}):
-            pairs.setdefault((base, m.metric_domain_kwargs_id), {})[suffix] = m
+        suffix = m.metric_name.rpartition(".")[2]
+        condition = (m.metric_dependencies or {}).get("unexpected_condition")
+        if suffix in PAIR_COUNTS and condition is not None and condition.id in metrics \
+                and {"column_A", "column_B"} <= set(m.metric_domain_kwargs or {}):
+            pairs.setdefault(condition.id, {})[suffix] = m
     out = {}
-    for pair in pairs.values():
-        deps = [m.metric_dependencies.get("unexpected_condition") for m in pair.values()]
-        if len(pair) < 2 or None in deps or len({d.id for d in deps}) > 1 or deps[0].id not in metrics:
+    for condition_id, pair in pairs.items():
+        if len(pair) < 2:
             continue
-        condition, compute_kwargs, accessor_kwargs = metrics[deps[0].id]
+        condition, compute_kwargs, accessor_kwargs = metrics[condition_id]
         records = engine.get_domain_records(domain_kwargs={**compute_kwargs, **accessor_kwargs})
         # As GX: the condition as a column first (it may be a window function), true counts.
         n, unexpected = (records.withColumn("__unexpected", condition)

@@ -161,6 +161,8 @@ def test_a_column_pair_rule_counts_its_rows_and_unexpected_ones_in_one_job(spark
     and domain records, whether or not the batch's row count is known. GX's own outcomes all
     the same, rows with missing values included."""
     pair = [r for r in RULES if r["name"] == "ends_after_start"]
+    # the same columns, another condition: counted apart
+    pair.append({**pair[0], "name": "ends_strictly_after_start", "kwargs": {**pair[0]["kwargs"], "or_equal": False}})
     path = tmp_path / "pair.yaml"
     path.write_text(yaml.safe_dump({"suite": "pair", "table": "silver.t", "row_id": "event_id",
                                     "expectations": pair}))
@@ -168,24 +170,29 @@ def test_a_column_pair_rule_counts_its_rows_and_unexpected_ones_in_one_job(spark
     data = rows(bad_device=bad)
     data[5] = ("e5", "cam-0005", None, None, None, "02108")          # ignored: both values missing
     data[6] = ("e6", "cam-0006", T0, None, None, "02108")            # kept: not unexpected
+    if bad:
+        data[7] = ("e7", "cam-0007", T0, T0, 0.0, "02108")            # unexpected only if strictly
     df = spark.createDataFrame(data, SCHEMA).repartition(3).cache()
     df.count()
     oracle = gx_complete(pair_suite, df)
-    outcome, = Q.QualityGate(pair_suite, one_task_below_rows=13).validate(df, given)
-    res = oracle["ends_after_start"].result
-    assert (outcome.success, outcome.element_count, outcome.unexpected_count) == \
-        (oracle["ends_after_start"].success, res["element_count"], res["unexpected_count"])
+    outcomes = Q.QualityGate(pair_suite, one_task_below_rows=13).validate(df, given)
+    for o in outcomes:
+        full = oracle[o.rule.name].result
+        assert (o.success, o.element_count, o.unexpected_count) == \
+            (oracle[o.rule.name].success, full["element_count"], full["unexpected_count"]), o.rule.name
+    outcome, res = outcomes[0], oracle["ends_after_start"].result
     assert res["element_count"] == 12 and res["unexpected_count"] == (1 if bad else 0)
+    assert oracle["ends_strictly_after_start"].result["unexpected_count"] == (2 if bad else 0)
     if bad:     # its second validation's percentages divide by the rows GX kept (11 of 12)
         mine = outcome.gx_result.result
         for key in ("missing_count", "unexpected_percent", "unexpected_percent_nonmissing"):
             assert mine[key] == res[key], key
         assert res["missing_count"] == 1
     # Both counts in one aggregate: GX's two, by the jobs of the same gate without that. A
-    # clean batch of known size is then one job in all.
+    # clean batch of known size is then one job per rule.
     _, jobs = gate_jobs(spark, Q.QualityGate(pair_suite, one_task_below_rows=13), df, given)
     monkeypatch.setattr(Q, "_pair_counts", lambda *args: {})
     _, gx_jobs = gate_jobs(spark, Q.QualityGate(pair_suite, one_task_below_rows=13), df, given)
     assert jobs < gx_jobs, (jobs, gx_jobs)
     if given and not bad:
-        assert jobs == 1
+        assert jobs == len(pair)
