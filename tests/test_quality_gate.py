@@ -153,8 +153,7 @@ def test_a_small_batch_of_known_size_is_validated_in_fewer_spark_jobs(spark, sui
         assert jobs == 1
 
 
-@pytest.mark.parametrize("bad", [False, True])
-@pytest.mark.parametrize("given", [12, None])
+@pytest.mark.parametrize("given, bad", [(12, False), (None, True)])
 def test_a_column_pair_rule_counts_its_rows_and_unexpected_ones_in_one_job(spark, bad, given, tmp_path, monkeypatch):
     """GX counts a column-pair rule's rows (less those its `ignore_row_if` drops) and its
     unexpected rows in a job each; the gate asks one aggregate for both, by GX's own condition
