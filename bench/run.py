@@ -72,7 +72,7 @@ LIGHT_RATE = 200
 # (h)'s quiet feed: files of this many events, --quiet-files of them, --quiet-gap seconds apart.
 QUIET_EVENTS = 500
 LIGHT_INTERVAL = "30 seconds"
-THROUGHPUT_RATES = "1000,2000,4000,8000"
+THROUGHPUT_RATES = "4000,8000,16000,32000"
 
 
 class BenchError(LakehouseError, RuntimeError):
