@@ -20,6 +20,8 @@ from bench import summary
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench-results"
 DOCS = REPO / "docs" / "benchmark.md"
+# Where the page's fixed text ends and the run's figures begin.
+LATEST = "## Latest run"
 
 # (letter, name, what is measured and how, key(s) in summary.TARGETS, another figure's letter
 # the target is read against, or None for a figure given as information)
@@ -96,7 +98,9 @@ FIGURES = [
      "empty"),
     ("i", "sustained throughput",
      "The feed stepped up (`--throughput-rates`, default 4,000, 8,000, 16,000 and 32,000 events/s, "
-     "each for `--throughput-seconds`, default 180), into `run-all --trigger processing-time`, "
+     "each for `--throughput-seconds`, default 180, or longer when the step before predicts "
+     "commits too far apart to judge this one: `bench.steady.step_seconds`, at most 3x), into "
+     "`run-all --trigger processing-time`, "
      "then into the plain run of (d) (fresh gold included), each on a lakehouse of its own with "
      "(d)'s heavy intervals. After each step's feed the run gets up to "
      "`--throughput-drain-seconds` (default 120) to show every file in gold, so each step starts "
@@ -427,7 +431,11 @@ Where the time goes is fixed costs, not rows:
   run measures the ratio. The full run of the same day (the latest run below, steps from
   8,000) gave the pipeline 8,000: at 16,000 its gold committed every 37 s, three commits
   fell in the judged part, and a step not judged ends the steps. Run to run the pipeline's
-  figure is 8,000-16,000 events/s against the plain run's 32,000 or more.
+  figure is 8,000-16,000 events/s against the plain run's 32,000 or more. Since then a step
+  lasts long enough for five commits in its judged part, by the gaps between the commits of
+  the step before scaled by the rates' ratio (`bench.steady.step_seconds`: 8,000's 19 s between
+  gold commits made 16,000's step 285 s), so a run's figure no longer depends on whether its
+  commits happened to fall inside a fixed 180 s.
 - (h) has a third run since 2026-11-30, a quiet feed, because the other two cannot time a
   watermark-only batch on its own: the available-now run has one per query, and at (d)'s heavy
   rate they wait for cores behind the next files' tasks (gold 4.27 s (5), silver 4.05 s (1) in
@@ -582,7 +590,7 @@ def render(record: dict | None, source: str | None = None) -> str:
         keys = key if isinstance(key, tuple) else (key,)
         target = "; ".join(summary.TARGETS.get(k, k) for k in keys) if key else "information"
         out.append(f"| ({letter}) | {name} | {how} | {target} |\n")
-    out.append("\n" + READING + "\n## Latest run\n\n")
+    out.append("\n" + READING + "\n" + LATEST + "\n\n")
     if record is None:
         out.append("No run has been recorded yet. `make bench` (or `make bench BENCH_N=20000` for a quicker\n"
                    "one) measures the figures and writes them here; `python -m bench.docs_page`\n"

@@ -24,8 +24,9 @@
      streaming run of (d, e), and in a quiet feed (a small file every --quiet-gap seconds, so
      each query closes what its watermark passed in a batch of its own on idle cores)
   i  sustained throughput: the feed stepped up (--throughput-rates, each step
-     --throughput-seconds), the highest rate the pipeline keeps up with (backlog and latency
-     not growing, bench/steady.py), the same for the plain run, and the ratio pipeline / plain
+     --throughput-seconds or longer when the run's commits are far apart), the highest rate
+     the pipeline keeps up with (backlog and latency not growing, bench/steady.py), the same
+     for the plain run, and the ratio pipeline / plain
 
 d and e come from the same streaming run (fresh lakehouse; e and h from the heavy rate's); a, b,
 c, f and g read the first one's landing files (g runs before c appends to them); i runs the
@@ -610,7 +611,8 @@ def parse_args(argv, prog: str = "python -m bench.run"):
     p.add_argument("--throughput-rates", default=THROUGHPUT_RATES,
                    help=f"(i) the feed's steps, events/s, ascending (default {THROUGHPUT_RATES})")
     p.add_argument("--throughput-seconds", type=float, default=180,
-                   help="(i) how long each step feeds (default 180: issue 60's 3 minutes)")
+                   help="(i) how long each step feeds at least (default 180: issue 60's 3 minutes; a step "
+                        "lasts up to 3x longer when the step before predicts commits too far apart to judge it)")
     p.add_argument("--throughput-drain-seconds", type=float, default=120,
                    help="(i) after each step, at most this long for gold to show every file (default 120)")
     p.add_argument("--throughput-speedup", type=float, default=120,

@@ -34,6 +34,12 @@ not read as growth:
                 step too short for the run's latency and batch length): not judged, and the
                 steps stop.
 
+A step lasts `seconds`, or longer when the run's batches are long (`step_seconds`): near its limit
+a run's commits come about twice as far apart at twice the rate, so after a judged step the next
+one lasts long enough for MIN_COMMITS + 1 of the commits the step before predicts in its judged
+part (at most `MAX_STRETCH` times `seconds`). With a fixed length the pipeline's 16,000 events/s
+step (gold committing every 37 s) was not judged in one run and ended its steps at 8,000.
+
 A run keeps up with a step when every judged layer does; its sustained throughput is the highest
 step rate it kept up with, every lower step included (a lower bound when it kept up with them all).
 """
@@ -48,6 +54,7 @@ GROWTH = 0.25
 BACKLOG_FLOOR = 2.0      # files (one lands a second)
 LATENCY_FLOOR = 2.0      # seconds
 MIN_COMMITS = 4          # two a half: one commit against one is a single batch's noise
+MAX_STRETCH = 3.0        # a step lasts at most this many times --throughput-seconds
 
 
 def parse_steps(text: str) -> list[int]:
@@ -127,6 +134,17 @@ def judge_step(rows: list[dict], layers: list[str], start: float, end: float, ob
     return {"layers": per, "keeps_up": keeps_up}
 
 
+def step_seconds(seconds: float, previous: dict | None, rate: int) -> float:
+    """How long the step at `rate` lasts: `seconds`, or enough for MIN_COMMITS + 1 commits in its
+    judged part when the step before (`previous`, judged) predicts longer gaps between commits:
+    its slowest layer's median gap, scaled by the rates' ratio."""
+    if not previous or previous.get("keeps_up") is None:
+        return seconds
+    gap = max((layer.get("commit_gap_s") or 0.0) for layer in previous["layers"].values())
+    needed = (MIN_COMMITS + 1) * gap * rate / previous["rate"] / (1 - WARMUP_SHARE)
+    return round(min(max(seconds, needed), seconds * MAX_STRETCH))
+
+
 def sustained(steps: list[dict]) -> dict:
     """The highest step rate kept up with, every lower step included: `max_rate` (None: not even
     the first), `kept_up_with_all` (then it is a lower bound)."""
@@ -167,12 +185,13 @@ def run_steps(landing, params, seed: int, rates: list[int], seconds: float, spee
     from bench.feeder import Feeder
     out, start_ms = [], params.start_ms
     for k, rate in enumerate(rates):
-        span = seconds * speedup
-        feeder = Feeder(landing, replace(params, start_ms=start_ms, span_s=span), seed + k, rate, seconds,
+        length = step_seconds(seconds, out[-1] if out else None, rate)
+        span = length * speedup
+        feeder = Feeder(landing, replace(params, start_ms=start_ms, span_s=span), seed + k, rate, length,
                         prefix=f"part-bench-s{k}-")
         start_ms += round(span * 1000)
         check()
-        log(f"(i) step {k + 1}/{len(rates)}: {rate:,} events/s for {seconds:g} s")
+        log(f"(i) step {k + 1}/{len(rates)}: {rate:,} events/s for {length:g} s")
         busy, others, own = feed_measured(feeder)
         deadline = time.time() + drain_s
         while True:
@@ -185,7 +204,7 @@ def run_steps(landing, params, seed: int, rates: list[int], seconds: float, spee
         step = judge_step(rows, layers, feeder.started_at, feeder.finished_at, observed_until)
         last = [r["landed"] + r[layers[-1]] for r in rows if r[layers[-1]] is not None]
         drained = len(last) == len(rows)
-        step.update({"rate": rate, "seconds": seconds, "files": len(rows),
+        step.update({"rate": rate, "seconds": length, "files": len(rows),
                      "fed_events_per_s": round(feeder.events / max(feeder.finished_at - feeder.started_at, 1e-9)),
                      "cores_busy_during_feed": busy, "drained": drained,
                      "others_cpu_share_during_feed": others, "own_cpu_share_during_feed": own,

@@ -8,6 +8,7 @@ So a figure or mark the page loses, or a results field the summary no longer und
 fails here."""
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -92,14 +93,16 @@ def fake_generate(env, run_dir, n, seed, extra=()):
     return {"records": n // 2, "events": n, "span_s": 6 * 3600.0}
 
 
-def synthetic_step(rate: int, growth: float, start: float = 1000.0, seconds: float = 60.0) -> dict:
+def synthetic_step(rate: int, growth: float, start: float = 1000.0, seconds: float = 60.0,
+                   length: float = 180.0) -> dict:
     """One throughput step of 60 files judged by bench.steady: latency 3 s for silver and 5 s for
-    gold, plus `growth` seconds per second of landing time (0: kept up with)."""
+    gold, plus `growth` seconds per second of landing time (0: kept up with). It reports the
+    bench's default step length (`length`), as a step not stretched by step_seconds does."""
     rows = [{"landed": start + i, "silver": 3.0 + growth * i, "zip_hourly_sightings": 5.0 + growth * i}
             for i in range(int(seconds))]
     step = judge_step(rows, ["silver", "zip_hourly_sightings"], start, start + seconds - 1,
                       start + seconds + 5 + growth * seconds * 2)
-    step.update({"rate": rate, "seconds": seconds, "files": len(rows), "fed_events_per_s": rate,
+    step.update({"rate": rate, "seconds": length, "files": len(rows), "fed_events_per_s": rate,
                  "cores_busy_during_feed": min(1.0, rate / 5000), "drained": True, "drain_s": 5.0})
     return step
 
@@ -258,15 +261,14 @@ def test_the_committed_page_explains_the_figures_as_the_bench_writes_them():
     """docs/benchmark.md above its latest run is what bench.docs_page writes: a finding added to
     the page by hand and not to the generator is lost by the next `make bench`, and a figure's
     explanation changed in the generator is not on the page until a run rewrites it."""
-    fixed = docs_page.render(None).split("## Latest run")[0]
+    fixed = docs_page.render(None).split(docs_page.LATEST)[0]
     page = docs_page.DOCS.read_text()
-    assert "## Latest run" in page
-    committed = page.split("## Latest run")[0]
+    assert docs_page.LATEST in page
+    committed = page.split(docs_page.LATEST)[0]
     if committed != fixed:
-        import difflib
         diff = "".join(list(difflib.unified_diff(committed.splitlines(True), fixed.splitlines(True),
                                                  "docs/benchmark.md", "bench.docs_page"))[:60])
-        pytest.fail("docs/benchmark.md and bench/docs_page.py differ above '## Latest run' "
+        pytest.fail(f"docs/benchmark.md and bench/docs_page.py differ above {docs_page.LATEST!r} "
                     "(edit docs_page.py, then `python -m bench.docs_page` or keep the latest run):\n" + diff)
 
 
@@ -451,6 +453,30 @@ def test_steady_state_keeps_up_and_growth_falls_behind():
     u = steady.judge_layer(uneven, layer, 0.0, 89.0, 120.0)
     assert u["latency_late_s"] > 1.25 * u["latency_early_s"] and u["keeps_up"] is True
     assert u["commit_gap_s"] == 6 and u["latency_late_s"] - u["latency_early_s"] < 6
+
+
+def test_a_step_lasts_long_enough_for_the_commits_the_step_before_predicts():
+    """The full run of 2026-12-04: gold committed every 19 s at 8,000 events/s, so the 16,000
+    step (gaps about twice as long) needs 5 commits of 38 s in its judged two thirds, not 180 s;
+    a fast run keeps the steps' length, and no step grows past MAX_STRETCH times it."""
+    from bench import steady
+
+    def judged(rate, silver_gap, gold_gap, keeps_up=True):
+        return {"rate": rate, "keeps_up": keeps_up,
+                "layers": {"silver": {"commit_gap_s": silver_gap}, "zip_hourly_sightings": {"commit_gap_s": gold_gap}}}
+
+    assert steady.step_seconds(180, None, 4000) == 180                      # the first step
+    assert steady.step_seconds(180, judged(8000, 17.0, 19.0), 16000) == 285
+    assert steady.step_seconds(180, judged(16000, 5.0, 5.0), 32000) == 180  # the plain run's gaps
+    assert steady.step_seconds(180, judged(16000, 30.0, 37.0), 32000) == 540
+    assert steady.step_seconds(180, judged(8000, 17.0, 19.0, keeps_up=None), 16000) == 180
+    # The steps a run did not keep up with end the steps; a step after a kept-up one still grows.
+    row = dict(judged(16000, 30.0, 37.0), seconds=285, files=285, drained=True,
+               cores_busy_during_feed=0.99, others_cpu_share_during_feed=0.0, own_cpu_share_during_feed=0.99)
+    row["layers"]["zip_hourly_sightings"].update(backlog_early=30, backlog_late=31, latency_early_s=60,
+                                                 latency_late_s=62, p95_s=80)
+    text = summary._steps({"max_rate": 16000, "kept_up_with_all": True, "steps": [row]}, 180)
+    assert "16,000 for 285 s kept up" in text, text
 
 
 def test_sustained_rate_and_ratio_from_the_steps():
