@@ -433,9 +433,18 @@ Where the time goes is fixed costs, not rows:
   fell in the judged part, and a step not judged ends the steps. Run to run the pipeline's
   figure is 8,000-16,000 events/s against the plain run's 32,000 or more. Since then a step
   lasts long enough for five commits in its judged part, by the gaps between the commits of
-  the step before scaled by the rates' ratio (`bench.steady.step_seconds`: 8,000's 19 s between
-  gold commits made 16,000's step 285 s), so a run's figure no longer depends on whether its
-  commits happened to fall inside a fixed 180 s.
+  the step before scaled by the rates' ratio (`bench.steady.step_seconds`: the full run's 19 s
+  between gold commits at 8,000 would have made its 16,000 step 285 s), so a run's figure no
+  longer depends on whether its commits happened to fall inside a fixed 180 s.
+  `make bench ONLY=i BENCH_N=20000 BENCH_ARGS="--throughput-rates 8000,16000,32000"` with it
+  (2026-12-04, 17:26-18:12, at `622ee82`): the pipeline kept up with 8,000 (180 s; silver and
+  gold committing every 23 and 25 s) and with 16,000 (377 s; every 48 and 54 s: gold's latency
+  95 -> 137 s over the judged commits, within one batch, and its last file in gold 120 s after
+  the feed, at the drain's limit), and fell behind at 32,000 (540 s; two commits each after
+  the warm-up, 258 and 132 of 540 files in silver and gold after the drain). The plain run
+  kept up with all three in 180 s each (gold every 5, 6 and 20 s; p95 28, 27 and 63 s).
+  Pipeline / plain <= 0.5x, as in the run at 13:34: the pipeline's limit is about 16,000
+  events/s, at its edge, the plain run's above 32,000.
 - (h) has a third run since 2026-11-30, a quiet feed, because the other two cannot time a
   watermark-only batch on its own: the available-now run has one per query, and at (d)'s heavy
   rate they wait for cores behind the next files' tasks (gold 4.27 s (5), silver 4.05 s (1) in

@@ -477,7 +477,7 @@ def sustained_pipeline(args, run_dir: Path, rates: list[int], seconds: float, in
     proc, log_file = start_pipeline(env, run_dir / "run-all-sustained.log")
     try:
         log(f"(i) run-all --trigger processing-time, steps {', '.join(f'{r:,}' for r in rates)} events/s, "
-            f"{seconds:g} s each, intervals {intervals or 'conf'}")
+            f"{seconds:g} s or more each, intervals {intervals or 'conf'}")
         wait_for_gold(proc, cfg, args.startup_timeout, log_file)
 
         def check():
