@@ -551,6 +551,29 @@ Where the time goes is fixed costs, not rows:
   `sizeInBytesIfKnown`, and in 4.4 both aggregate the whole log state of every new version
   (jstack of a MERGE loop, 2026-12-03); the version's checksum holds both figures, and Delta's
   main branch answers from it. No setting skips them: a Delta release with that change would.
+- Where `make audit`'s time goes (2026-12-04; the three-round lakehouse of tests/test_audit.py,
+  four gold tables of three to five versions): 26 s in a fresh process (C1), 10-12 s warm in
+  one, CPU-bound (about 24 core-s in 12 s on the two cores) and about 210 Spark jobs. A JFR
+  profile of warm audits: 23% of the samples under Delta's scan preparation, of which half in
+  `Snapshot.sizeInBytesIfKnown` (Delta 4.4 aggregates a version's whole log state for the size
+  of every `versionAsOf` read without a data filter; 4.4.0 is the newest release on Maven
+  Central), about a third in Catalyst's planning of the recompute plans, 6% in Spark's code
+  formatter (a regex over every generated expression class, per task, before its cache
+  lookup). Measured and dropped: an always-true data filter on each version read, which takes
+  Delta's data-skipping path instead of the size (four warm audits each: 9.9-12.0 s with it,
+  10.9-12.7 s without, within the noise); AQE off for the audit, alternated with on in one
+  session (still warming): 11.9 / 11.5 and 9.7 / 9.5 s off, 13.9 and 10.5 / 10.5 s on, about
+  1 s (the audit runs on its caller's session, which it would have to change or clone for that
+  second); AQE off for `run-all` at 20,000 events, three pairs
+  alternated: 23.7 / 23.4 / 23.2 s against 24.4 / 23.5 / 23.5 s, the same batch times.
+- Start-up of a fresh 20,000-event `run-all` against the baseline (g), from a sampler of the
+  driver's threads and Spark's REST API (2026-12-04): the session is up after 2.5-3.5 s (the
+  baseline's 2.2 s), bronze's query starts 1.9 s later (its table, the ops tables and the
+  checkpoint lock: the first Delta operation of a cold JVM, which the baseline pays inside its
+  first write), then bronze 3.7 s against 1.8 s, silver 9.6 s against 7.9 s (1.8 s of it before
+  its first batch starts: the batch's plan on a cold JVM, and the ops append of bronze's batch),
+  gold 5.3 s against 5.7 s. Silver's and gold's table creations (ten, 0.3-0.7 s each) run beside
+  bronze's batch on the two cores.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
