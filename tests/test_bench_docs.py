@@ -93,15 +93,16 @@ def fake_generate(env, run_dir, n, seed, extra=()):
     return {"records": n // 2, "events": n, "span_s": 6 * 3600.0}
 
 
-def synthetic_step(rate: int, growth: float, start: float = 1000.0, seconds: float = 60.0,
+def synthetic_step(rate: int, growth: float, start: float = 1000.0, files: int = 60,
                    length: float = 180.0) -> dict:
-    """One throughput step of 60 files judged by bench.steady: latency 3 s for silver and 5 s for
-    gold, plus `growth` seconds per second of landing time (0: kept up with). It reports the
-    bench's default step length (`length`), as a step not stretched by step_seconds does."""
+    """One throughput step of `files` files, one a second, judged by bench.steady: latency 3 s for
+    silver and 5 s for gold, plus `growth` seconds per second of landing time (0: kept up with).
+    It reports the bench's default step length (`length`), as a step not stretched by
+    step_seconds does."""
     rows = [{"landed": start + i, "silver": 3.0 + growth * i, "zip_hourly_sightings": 5.0 + growth * i}
-            for i in range(int(seconds))]
-    step = judge_step(rows, ["silver", "zip_hourly_sightings"], start, start + seconds - 1,
-                      start + seconds + 5 + growth * seconds * 2)
+            for i in range(files)]
+    step = judge_step(rows, ["silver", "zip_hourly_sightings"], start, start + files - 1,
+                      start + files + 5 + growth * files * 2)
     step.update({"rate": rate, "seconds": length, "files": len(rows), "fed_events_per_s": rate,
                  "cores_busy_during_feed": min(1.0, rate / 5000), "drained": True, "drain_s": 5.0})
     return step
@@ -470,7 +471,7 @@ def test_a_step_lasts_long_enough_for_the_commits_the_step_before_predicts():
     assert steady.step_seconds(180, judged(16000, 5.0, 5.0), 32000) == 180  # the plain run's gaps
     assert steady.step_seconds(180, judged(16000, 30.0, 37.0), 32000) == 540
     assert steady.step_seconds(180, judged(8000, 17.0, 19.0, keeps_up=None), 16000) == 180
-    # The steps a run did not keep up with end the steps; a step after a kept-up one still grows.
+    # A stretched step names its length in the table.
     row = dict(judged(16000, 30.0, 37.0), seconds=285, files=285, drained=True,
                cores_busy_during_feed=0.99, others_cpu_share_during_feed=0.0, own_cpu_share_during_feed=0.99)
     row["layers"]["zip_hourly_sightings"].update(backlog_early=30, backlog_late=31, latency_early_s=60,
