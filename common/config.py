@@ -72,6 +72,7 @@ ExistingFile = parsed(Path, _existing_file)   # relative to the repository
 @spec
 class SparkConf(Spec):
     master: Str
+    local_slots_per_core: PosInt
     app_name: Str
     driver_memory: Str
     shuffle_partitions: PosInt

@@ -208,10 +208,21 @@ def submitted() -> bool:
 
 def master_override(cfg: Config) -> str | None:
     """The master this process sets: SPARK_MASTER, else conf spark.master; none under
-    spark-submit without SPARK_MASTER, so `spark-submit --master ...` wins over conf."""
+    spark-submit without SPARK_MASTER, so `spark-submit --master ...` wins over conf. `local[*]`
+    gets conf spark.local_slots_per_core task slots per core (local_master)."""
     if submitted() and "SPARK_MASTER" not in os.environ:
         return None
-    return cfg.spark.master
+    return local_master(cfg.spark.master, cfg.spark.local_slots_per_core)
+
+
+def local_master(master: str, slots_per_core: int, cores: int | None = None) -> str:
+    """`local[*]` as `local[N]`, N = the cores this process may run on x `slots_per_core`; any
+    other master as it is (an explicit `local[4]` is the user's count)."""
+    if master.replace(" ", "") != "local[*]" or slots_per_core == 1:
+        return master
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"local[{cores * slots_per_core}]"
 
 
 def submit_properties(cfg: Config) -> str:

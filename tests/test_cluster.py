@@ -9,6 +9,7 @@ drivers must all be gone afterwards.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -130,3 +131,24 @@ def test_a_master_given_to_spark_submit_or_spark_master_wins_over_conf(env, monk
     assert master_override(cfg) is None                # the submit's --master stays
     monkeypatch.setenv("SPARK_MASTER", "local[2]")
     assert master_override(load_config(env={**env, "SPARK_MASTER": "local[2]"})) == "local[2]"
+
+
+def test_local_star_gets_the_conf_s_task_slots_per_core_and_other_masters_stay(spark, env, monkeypatch):
+    from common.config import load_config
+    from common.spark import local_master, master_override
+
+    assert local_master("local[*]", 2, cores=2) == "local[4]"
+    assert local_master("local[ * ]", 3, cores=8) == "local[24]"
+    assert local_master("local[*]", 1, cores=2) == "local[*]"
+    for explicit in ("local[3]", "local", "local[*,4]", "spark://127.0.0.1:7077"):
+        assert local_master(explicit, 2, cores=2) == explicit
+    monkeypatch.delenv("SPARK_MASTER", raising=False)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    cfg = load_config(env=env)
+    assert cfg.spark.master == "local[*]" and cfg.spark.local_slots_per_core == 2
+    cores = len(os.sched_getaffinity(0))
+    assert master_override(cfg) == f"local[{2 * cores}]"
+    one = load_config(env={**env, "LAKEHOUSE__SPARK__LOCAL_SLOTS_PER_CORE": "1"})
+    assert master_override(one) == "local[*]"
+    # The suite's own session was built the same way: that many tasks run at once.
+    assert spark.sparkContext.master == f"local[{2 * cores}]"
