@@ -145,10 +145,10 @@ def test_local_star_gets_the_conf_s_task_slots_per_core_and_other_masters_stay(s
     monkeypatch.delenv("SPARK_MASTER", raising=False)
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     cfg = load_config(env=env)
-    assert cfg.spark.master == "local[*]" and cfg.spark.local_slots_per_core == 2
+    assert cfg.spark.master == "local[*]" and cfg.spark.local_slots_per_core == 1
+    assert master_override(cfg) == "local[*]"
     cores = len(os.sched_getaffinity(0))
-    assert master_override(cfg) == f"local[{2 * cores}]"
-    one = load_config(env={**env, "LAKEHOUSE__SPARK__LOCAL_SLOTS_PER_CORE": "1"})
-    assert master_override(one) == "local[*]"
-    # The suite's own session was built the same way: that many tasks run at once.
-    assert spark.sparkContext.master == f"local[{2 * cores}]"
+    two = load_config(env={**env, "LAKEHOUSE__SPARK__LOCAL_SLOTS_PER_CORE": "2"})
+    assert master_override(two) == f"local[{2 * cores}]"
+    # The suite's own session was built the same way (its slots follow the environment's conf).
+    assert spark.sparkContext.master == local_master("local[*]", load_config().spark.local_slots_per_core)
