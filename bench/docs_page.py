@@ -574,21 +574,26 @@ Where the time goes is fixed costs, not rows:
   its first batch starts: the batch's plan on a cold JVM, and the ops append of bronze's batch),
   gold 5.3 s against 5.7 s. Silver's and gold's table creations (ten, 0.3-0.7 s each) run beside
   bronze's batch on the two cores.
-- Task slots (2026-12-04, `spark.local_slots_per_core`): with `local[*]` Spark ran one task per
+- Task slots (2026-12-04, `spark.local_slots_per_core`): with `local[*]` Spark runs one task per
   core, and a micro-batch's small jobs that run side by side (its writes and gates, gold's four
-  folds and MERGEs), mostly waiting on the driver and the disk, queued behind each other's
-  tasks. Two slots per core (`local[4]` here), alternated in one hour on the same landing: a
-  fresh `run-all` at 20,000 events 25.3 / 25.6 s with one slot, 24.4 / 24.3 s with two (24.2 /
-  24.3 s with four), the baseline (g) 17.5 / 17.0 s and 17.0 / 16.9 s: run-all / baseline
-  1.45-1.51x -> 1.43-1.44x. At 200,000 events 35.5 / 34.1 s -> 32.8 / 32.9 s, the baseline
-  23.4 / 21.7 s -> 21.7 / 21.1 s (the ratio unchanged, 1.52-1.57x); at 1,000,000 the same (78.5
-  / 79.3 s). The quiet feed (`bench.batch_profile`): gold's data batch median 5.67 -> 4.96 s,
-  silver's 1.48 -> 1.22 s. (d) at 5,000 events/s, 180-s feeds, one run each: landing -> silver /
-  gold p95 43.5 / 57.9 s with two slots, 42.6 / 58.3 s with one: at that rate the cores are
-  full either way, and time-sharing them moves no work. Also measured and dropped that day:
-  starting bronze's query before its tables were created, its first batch waiting for them
-  (24.9 / 25.6 / 24.8 s without, 24.7 / 25.7 / 25.1 s with: the set-up's 1.8 s is CPU of a
-  cold JVM, and the query's start needs the same cores).
+  folds and MERGEs), mostly waiting on the driver and the disk, queue behind each other's
+  tasks. Two slots per core (`local[4]` here), alternated on the same landing: a fresh `run-all`
+  at 20,000 events 24.1 s with one slot, 23.4 s with two (means of five), the baseline (g)
+  17.5 / 17.0 s and 17.0 / 16.9 s; at 200,000 events 35.5 / 34.1 s -> 32.8 / 32.9 s, the
+  baseline 23.4 / 21.7 s -> 21.7 / 21.1 s (the ratio unchanged, 1.52-1.57x); at 1,000,000 the
+  same (78.5 / 79.3 s). The quiet feed (`bench.batch_profile`): gold's data batch median 5.67
+  -> 4.96 s, silver's 1.48 -> 1.22 s. (d) at 5,000 events/s, 180-s feeds, one run each:
+  landing -> silver / gold p95 43.5 / 57.9 s with two slots, 42.6 / 58.3 s with one: the cores
+  are full either way, and time-sharing them moves no work. `make bench ONLY=g,h BENCH_N=20000`
+  with two slots: (g) 23.1 / 17.1 s = 1.35x; (h) available-now gold 0.39 s, silver 0.3 s, at
+  (d)'s heavy rate gold 0.47 s (15), silver 1.02 s (1), quiet feed gold 0.48 s, silver 0.28 s;
+  but (f) 10.2% (0.7 s of 6.9 s): silver's gate, whose one-task jobs then share the cores,
+  took 0.51-0.84 s of a 20,000-event batch against 0.44-0.51 s with one slot (five runs each,
+  also with the progress log's appends held back), 7.5-11.6% of the batch against 6.3-7.4%. The
+  default stays one slot; two is a setting for runs without that target. Also measured and
+  dropped that day: starting bronze's query before its tables were created, its first batch
+  waiting for them (24.9 / 25.6 / 24.8 s without, 24.7 / 25.7 / 25.1 s with: the set-up's 1.8 s
+  is CPU of a cold JVM, and the query's start needs the same cores).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
