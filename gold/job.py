@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from common import accounting
 from common.config import ConfigError
 from common.delta import change_feed, ensure_table, live_files
+from common.delta_source import delta_stream
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Append, Changed, Merge, Publish, Result
 from common.quality import QualityGate, load_suites
@@ -51,20 +52,19 @@ def event_columns(tables, silver_columns) -> list[str]:
     return [c for c in silver_columns if c.lower() in wanted]
 
 
-def silver_stream(spark, cfg) -> DataFrame:
-    return (spark.readStream.format("delta").option("maxFilesPerTrigger", cfg.gold.max_files_per_trigger)
-            .load(cfg.table_path("silver", cfg.silver_table)))
+def silver_stream(spark, cfg, checkpoint: str) -> DataFrame:
+    return delta_stream(spark, cfg.table_path("silver", cfg.silver_table), checkpoint, cfg.gold.max_files_per_trigger)
 
 
-def gold_stream(spark, cfg, tables, silver: DataFrame | None = None) -> DataFrame:
-    """The gold query's streaming plan: one row per on-time event (column EVENT) for the tables
-    folding events, one per row of the stateful table (column SESSION), from one read and one
-    shuffle of silver; a late event's row has only its silver row, as text (common/late.py)."""
+def gold_stream(cfg, tables, silver: DataFrame) -> DataFrame:
+    """The gold query's streaming plan over `silver` (silver_stream): one row per on-time event
+    (column EVENT) for the tables folding events, one per row of the stateful table (column
+    SESSION), from one read and one shuffle of silver; a late event's row has only its silver
+    row, as text (common/late.py)."""
     wm = cfg.gold.watermark
     metrics = [F.count(F.lit(1)).alias("rows_in")]
     if wm is not None:   # without a watermark nothing is late (progress_counts reads 0)
         metrics.append(F.count(F.when(T.late(wm.seconds), 1)).alias("late"))
-    silver = silver_stream(spark, cfg) if silver is None else silver
     observed = silver.observe(INPUT_METRICS, *metrics)
     wanted = event_columns(tables, [c for c in silver.columns if c != FRONTIER])
     if wm is None:
@@ -278,9 +278,9 @@ def start_query(spark, cfg, specs, suites: dict):
     gates = {spec.table: QualityGate(gated[f"gold.{spec.table}"], cfg.spark.gate_one_task_below_rows)
              for spec in specs if gated}
     books = accounting.Accounting(spark, cfg, "gold", cfg.checkpoint(query), progress_counts)
-    silver = silver_stream(spark, cfg)
+    silver = silver_stream(spark, cfg, cfg.checkpoint(query))
     batch = GoldBatch(spark, cfg, specs, gates, books, query, silver.schema)
-    running = (gold_stream(spark, cfg, specs, silver).writeStream.queryName(query)
+    running = (gold_stream(cfg, specs, silver).writeStream.queryName(query)
                .outputMode("update")
                .foreachBatch(batch)
                .option("checkpointLocation", cfg.checkpoint(query))

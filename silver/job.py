@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from common import accounting
 from common.delta import add_missing_columns, change_feed, ensure_table, skipping_stats, table_version
+from common.delta_source import delta_stream
 from common.literal_frame import local_frame
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Append, Result
@@ -268,8 +269,7 @@ def start_query(spark, cfg, suite):
     """The silver query on tables that exist (the runner prepares them once, before)."""
     check_not_switching(cfg, "silver")
     bronze_path = cfg.table_path("bronze", "events")
-    bronze = (spark.readStream.format("delta")
-              .option("maxFilesPerTrigger", cfg.silver.max_files_per_trigger).load(bronze_path))
+    bronze = delta_stream(spark, bronze_path, cfg.checkpoint(QUERY), cfg.silver.max_files_per_trigger)
     parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile,
                             cfg.silver.max_record_bytes)
     observed = parsed.observe(METRICS, *T.input_metrics(parsed, cfg.profile))
