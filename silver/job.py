@@ -11,12 +11,15 @@ batch writes nothing twice).
 """
 from __future__ import annotations
 
+import logging
+import threading
 
 from pyspark.sql import functions as F
 
 from common import accounting
 from common.delta import add_missing_columns, change_feed, ensure_table, skipping_stats, table_version
 from common.delta_source import delta_stream
+from common.errors import describe
 from common.literal_frame import local_frame
 from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
 from common.outputs import Append, Result
@@ -34,6 +37,8 @@ from silver.locations import ensure_seeded, schema as locations_schema
 
 QUERY = "silver"
 METRICS = "silver_input"
+
+log = logging.getLogger(__name__)
 
 
 def output_schemas(spark, profile):
@@ -69,11 +74,54 @@ def ensure_tables(spark, cfg, dimension: bool = True) -> None:
              lambda: accounting.ensure_accounting(spark, cfg))
 
 
-def seed_dimension(spark, cfg) -> None:
+def seed_dimension(spark, cfg, dimension: Dimension | None = None) -> None:
     """The profile's dimension table, loaded on the first run (the longest of silver's set-up:
-    a CSV read and a commit). It needs no other table, so the runner starts it at once."""
+    a CSV read and a commit). It needs no other table, so the runner starts it at once; then
+    its latest version is read into `dimension`'s cache, off the first batch's path."""
     if cfg.profile.dimension:
         ensure_seeded(spark, cfg)
+        if dimension is not None:
+            dimension.warm(spark)
+
+
+class Dimension:
+    """The dimension's rows at one version, cached while batches pin that version: a version
+    never changes, and re-reading it (snapshot, file listing, scan) cost every batch a job.
+    Shared by the layer's set-up, which warms it with the latest version while the layers
+    before silver run (a time-travel read and its scan took 0.8-1 s of a cold first batch),
+    and the query's batches."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._cached = None          # (version, its cached rows)
+        self._lock = threading.Lock()
+
+    def warm(self, spark) -> None:
+        """Read the latest version into the cache on a thread of its own: silver's query starts
+        meanwhile, and its first batch waits for the rows only if it pins that version before
+        they are in. A failure here is left to the batch, which reads the version again."""
+        from pyspark import InheritableThread
+
+        def fill():
+            with self._lock:
+                try:
+                    self._at(spark, table_version(spark, self.path)).count()
+                except Exception as e:   # noqa: BLE001 - the batch reads it again, and raises
+                    log.info(f"{self.path}: not read ahead ({describe(e)})")
+
+        InheritableThread(target=fill, name="dimension-warm", daemon=True).start()
+
+    def at(self, spark, version: int):
+        with self._lock:
+            return self._at(spark, version)
+
+    def _at(self, spark, version: int):
+        if self._cached is None or self._cached[0] != version:
+            if self._cached is not None:
+                self._cached[1].unpersist()
+            df = spark.read.format("delta").option("versionAsOf", version).load(self.path)
+            self._cached = (version, df.persist())
+        return self._cached[1]
 
 
 class SilverBatch(MicroBatch):
@@ -82,7 +130,7 @@ class SilverBatch(MicroBatch):
 
     layer = "silver"
 
-    def __init__(self, spark, cfg, suite, accounting_):
+    def __init__(self, spark, cfg, suite, accounting_, dimension: Dimension | None = None):
         events = cfg.table_path("silver", cfg.silver_table)
         outputs = (Append("events", events, "events"),
                    Append("quarantine", cfg.table_path("silver", "quarantine"), "quarantine"),
@@ -92,7 +140,8 @@ class SilverBatch(MicroBatch):
         super().__init__(spark, cfg, QUERY, "bronze.events", {"events": gate}, accounting_, outputs)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
-        self._dimension = None       # (version, its cached rows): dimension_at
+        if self.dimension:
+            self._dimension = dimension or Dimension(cfg.table_path("silver", self.dimension))
         self.late_table_ready = False
         self.paths = {"bronze": cfg.table_path("bronze", "events"), "events": events}
         if self.dimension:
@@ -106,14 +155,7 @@ class SilverBatch(MicroBatch):
         return version
 
     def dimension_at(self, version: int):
-        """The dimension at `version`, cached while batches pin that version: a version never
-        changes, and re-reading it (snapshot, file listing, scan) cost every batch a job."""
-        if self._dimension is None or self._dimension[0] != version:
-            if self._dimension is not None:
-                self._dimension[1].unpersist()
-            df = self.spark.read.format("delta").option("versionAsOf", version).load(self.paths["dimension"])
-            self._dimension = (version, df.persist())
-        return self._dimension[1]
+        return self._dimension.at(self.spark, version)
 
     def compute(self, batch, ctx: BatchContext) -> Result:
         spark, profile, batch_id, lineage = self.spark, self.profile, ctx.batch_id, ctx.lineage
@@ -265,7 +307,7 @@ def progress_counts(progress: dict) -> dict:
     return {**counts, **accounting.state_drops(progress)}
 
 
-def start_query(spark, cfg, suite):
+def start_query(spark, cfg, suite, dimension: Dimension | None = None):
     """The silver query on tables that exist (the runner prepares them once, before)."""
     check_not_switching(cfg, "silver")
     bronze_path = cfg.table_path("bronze", "events")
@@ -275,7 +317,7 @@ def start_query(spark, cfg, suite):
     observed = parsed.observe(METRICS, *T.input_metrics(parsed, cfg.profile))
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
     books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)
-    body = SilverBatch(spark, cfg, suite, books)
+    body = SilverBatch(spark, cfg, suite, books, dimension)
     return Started(deduped.writeStream.queryName(QUERY)
                    .foreachBatch(body)
                    .option("checkpointLocation", cfg.checkpoint(QUERY))
@@ -296,10 +338,12 @@ def layer(cfg, suite=None) -> Layer:
     """Silver, gated by `suite` (default: the profile's suite in conf silver.expectations)."""
     # A bad suite fails here or in validate, before any query.
     suite = suite or silver_suite(cfg, gx=False)
-    return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite)),),
+    dim = cfg.profile.dimension
+    dimension = Dimension(cfg.table_path("silver", dim.table)) if dim else None
+    return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite, dimension)),),
                  reads_table=cfg.table_path("bronze", "events"),
                  prepare=lambda spark: ensure_tables(spark, cfg, dimension=False),
-                 prepare_alone=lambda spark: seed_dimension(spark, cfg),
+                 prepare_alone=lambda spark: seed_dimension(spark, cfg, dimension),
                  validate=lambda: silver_suite(cfg),
                  describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})")
 

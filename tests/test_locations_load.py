@@ -115,3 +115,21 @@ def test_the_point_in_time_join_gives_each_event_the_row_valid_at_its_time_and_o
     # Still a broadcast hash join on the key, the interval as its condition.
     plan = joined._jdf.queryExecution().executedPlan().toString()
     assert "BroadcastHashJoin" in plan and "valid_from" in plan, plan
+
+
+def test_silver_reads_the_dimension_ahead_then_once_per_version_and_a_new_load_anew(spark, cfg, tmp_path):
+    """silver.job.Dimension: warmed with the latest version during silver's set-up, it hands the
+    batches that pin that version the same cached rows; a load's new version is read anew, and
+    the old version's rows are let go."""
+    from silver.job import Dimension
+
+    load(spark, cfg, csv(tmp_path, "nine.csv", "cam-1,11111,A,X,2026-11-01T09:00:00Z"))
+    dimension = Dimension(cfg.table_path("silver", "device_locations"))
+    dimension.warm(spark)
+    first = dimension.at(spark, 0)                  # waits for the warm, if it still runs
+    assert first.is_cached and dimension.at(spark, 0) is first
+    assert [(r.device_id, r.zip_code) for r in first.where("device_id IS NOT NULL").collect()] == [("cam-1", "11111")]
+    load(spark, cfg, csv(tmp_path, "noon.csv", "cam-1,33333,C,Y,2026-11-01T12:00:00Z"))
+    second = dimension.at(spark, 1)
+    assert second is not first and second.is_cached and not first.is_cached
+    assert sorted(r.zip_code for r in second.where("device_id IS NOT NULL").collect()) == ["11111", "33333"]
