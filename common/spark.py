@@ -336,11 +336,17 @@ def stop(spark) -> None:
     after SparkEnv is gone, and a maintenance run falling in between logs
     `IllegalStateException: SparkEnv not active` with 20 lines of stack after a run that
     succeeded. Stopping it first (StateStore.stop: unload every provider, cancel the task) is
-    what SparkContext.stop does a moment later anyway."""
-    from common.internals import stop_state_stores
+    what SparkContext.stop does a moment later anyway. PySpark's accumulator server is shut down
+    after, on a thread nobody waits for (detach_accumulator_server)."""
+    import threading
 
+    from common.internals import detach_accumulator_server, stop_state_stores
+
+    server = detach_accumulator_server(spark)
     stop_state_stores(spark)      # an internal API: if a Spark upgrade moves it, stop as before
     spark.stop()
+    if server is not None:
+        threading.Thread(target=server.shutdown, name="accumulator-server-stop", daemon=True).start()
 
 
 @contextmanager

@@ -199,6 +199,23 @@ def _dedup_once(spark, source: str, checkpoint: str):
     return query
 
 
+def test_detach_accumulator_server(spark):
+    """Found and taken from the context, which then has none for its stop to wait for; put back,
+    so the suite's session keeps its accumulators."""
+    from pyspark.accumulators import AccumulatorTCPServer
+
+    sc = spark.sparkContext
+    server = I.detach_accumulator_server(spark)
+    try:
+        assert isinstance(server, AccumulatorTCPServer) and sc._accumulatorServer is None
+        assert I.detach_accumulator_server(spark) is None
+    finally:
+        sc._accumulatorServer = server
+    counted = sc.accumulator(0)
+    sc.parallelize(range(4), 2).foreach(lambda x: counted.add(x))
+    assert counted.value == 6
+
+
 def test_stop_state_stores(spark, tmp_path):
     """Found and stopped; a stateful query started afterwards loads its stores again."""
     assert I.stop_state_stores(spark) is True
