@@ -594,6 +594,29 @@ Where the time goes is fixed costs, not rows:
   dropped that day: starting bronze's query before its tables were created, its first batch
   waiting for them (24.9 / 25.6 / 24.8 s without, 24.7 / 25.7 / 25.1 s with: the set-up's 1.8 s
   is CPU of a cold JVM, and the query's start needs the same cores).
+- Fresh starts (2026-12-05): three costs of a fresh `run-all` that plain Spark pays less or
+  not at all. Delta's streaming source lists a new query's snapshot in Spark jobs before its
+  first batch (latestOffset: silver 1.4 s, gold 0.6 s at 20,000 events); a fresh query over a
+  table whose log still holds every commit, each an append, now reads those commits from
+  version 0 (`common/delta_source.py`, `startingVersion`), any other history (compaction,
+  delete, overwrite, a schema change, a log checkpoint) the snapshot as before: 22.7 -> 21.5 s
+  (five pairs alternated). Silver's first batch read its dimension (a time-travel read and its
+  scan, 0.8-1 s on a cold JVM); silver's set-up now reads it ahead on a thread while bronze
+  runs (`silver.job.Dimension`): 20.6 -> 19.8 s (five pairs). `SparkContext.stop()` waited
+  0.35-0.7 s for PySpark's accumulator server, whose handler reads its stop flag between 1-s
+  polls; the server is now shut down after the session, unwaited
+  (`common.internals.detach_accumulator_server`): the stop 0.46-0.77 -> 0.06-0.16 s.
+  `make bench ONLY=b,g` after them: (g) 20,000 events 20.4 / 16.1 s = 1.27x, 200,000 events
+  30.8 / 23.2 s = 1.33x (were 1.45-1.57x that day); (f) 8.7% and 6.7%. Where the 200,000-event
+  run still spends more: bronze 6.2 s from the session to silver's start against the
+  baseline's 2.0 s (its tables 1.6 s on a cold JVM, its batch 3.3 s with the accounting row's
+  commit, 0.6 s, after the append), silver 14.8 s against 12.4 s (the quarantine's fetch of
+  its records' bytes from bronze, 3.6 s against silver's own append of 2.1 s), tasks 27.5
+  against 18.9 core-s. Measured and dropped that day: a semi join that broadcasts only the
+  quarantined records' keys in that fetch (1.55 s either way: it reads every bronze row of the
+  batch's files all the same), the progress log's appends held to the end of an available-now
+  run (19.38 / 19.34 s, four pairs), and the dimension's seed waiting for bronze's tables
+  (20.46 / 20.79 s).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
