@@ -606,8 +606,9 @@ Where the time goes is fixed costs, not rows:
   0.35-0.7 s for PySpark's accumulator server, whose handler reads its stop flag between 1-s
   polls; the server is now shut down after the session, unwaited
   (`common.internals.detach_accumulator_server`): the stop 0.46-0.77 -> 0.06-0.16 s.
-  `make bench ONLY=b,g` after them: (g) 20,000 events 20.4 / 16.1 s = 1.27x, 200,000 events
-  30.8 / 23.2 s = 1.33x (were 1.45-1.57x that day); (f) 8.7% and 6.7%. Where the 200,000-event
+  `make bench ONLY=b,g`, two runs of each after them: (g) 20,000 events 20.4 / 16.1 s = 1.27x
+  and 21.0 / 15.8 s = 1.33x, 200,000 events 30.8 / 23.2 s = 1.33x and 30.5 / 21.5 s = 1.42x
+  (were 1.45-1.57x that day): at the target at 20,000, not reliably under it; (f) 6.2-8.9%. Where the 200,000-event
   run still spends more: bronze 6.2 s from the session to silver's start against the
   baseline's 2.0 s (its tables 1.6 s on a cold JVM, its batch 3.3 s with the accounting row's
   commit, 0.6 s, after the append), silver 14.8 s against 12.4 s (the quarantine's fetch of

@@ -53,7 +53,8 @@ def event_columns(tables, silver_columns) -> list[str]:
 
 
 def silver_stream(spark, cfg, checkpoint: str) -> DataFrame:
-    return delta_stream(spark, cfg.table_path("silver", cfg.silver_table), checkpoint, cfg.gold.max_files_per_trigger)
+    return delta_stream(spark, cfg.table_path("silver", cfg.silver_table), checkpoint,
+                        cfg.gold.max_files_per_trigger)
 
 
 def gold_stream(cfg, tables, silver: DataFrame) -> DataFrame:
