@@ -26,10 +26,11 @@ from audit import prefix as P
 from audit.attribution import check_attribution
 from audit.history import table_history
 from audit.report import render
-from audit.tables import TableError, existing, resolve, spark_session
+from audit.tables import TableError, existing, resolve
 from common.batch import together
 from common.errors import command
 from common.internals import java_errors
+from common.spark import session
 from common.config import load_config
 
 def run_audit(spark, cfg, only: str | None = None) -> dict:
@@ -210,7 +211,7 @@ def main(argv=None, prog: str = "audit") -> int:
     elif not existing(cfg):
         raise TableError(f"no tables under {cfg.table_path('bronze', 'events').rsplit('/', 2)[0]}: "
                          "run the pipeline first (make run-all)")
-    with spark_session(cfg) as spark:
+    with session(cfg, "audit") as spark:
         report = run_audit(spark, cfg, args.table)
     if args.json:
         print(json.dumps(report, indent=2, default=str))

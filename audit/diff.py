@@ -19,7 +19,8 @@ from common.config import load_config
 from common.errors import JobError, command, describe
 from tools.sql import format_table
 
-from audit.tables import TableError, resolve, spark_session
+from audit.tables import TableError, resolve
+from common.spark import session as spark_session
 
 DEFAULT_SAMPLE = 10
 # History columns worth a glance in the text report; sizes and timings are left to --json.
@@ -240,7 +241,7 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "audit.diff") -> int:
     path = resolve(cfg, args.table)
     from pyspark.errors import PySparkException
 
-    with spark_session(cfg, spark, "audit-diff") as session:
+    with spark_session(cfg, "audit-diff", spark) as session:
         try:
             rep = report(session, args.table, path, from_v, to_v, args.sample)
         except PySparkException as e:

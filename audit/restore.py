@@ -16,11 +16,12 @@ import textwrap
 
 from common.config import load_config
 from common.errors import JobError, command, describe
+from common.spark import session
 from common.storage import location
 
 from audit.diff import (check_version, history, operations_table,
                         parse_version, snapshot, version_range)
-from audit.tables import TableError, outputs as query_outputs, resolve, spark_session, stream_readers, writers
+from audit.tables import TableError, outputs as query_outputs, resolve, stream_readers, writers
 
 
 def job_command(query: str) -> str:
@@ -154,7 +155,7 @@ def main(argv=None, *, spark=None, cfg=None, stdin=None, prog: str = "audit.rest
     path = resolve(cfg, args.table)
     from pyspark.errors import PySparkException
 
-    with spark_session(cfg, spark, "audit-restore") as spark:
+    with session(cfg, "audit-restore", spark) as spark:
         try:
             versions = version_range(spark, path)
             check_version(args.table, target, versions)

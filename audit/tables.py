@@ -1,7 +1,6 @@
 """Table names for the audit tools, and who reads and writes each table as a stream."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 from common.errors import JobError
@@ -51,18 +50,3 @@ def resolve(cfg: Config, name: str, must_exist: bool = True) -> str:
 
 def existing(cfg: Config) -> list[str]:
     return [n for n in all_names(cfg) if is_delta_table(resolve(cfg, n, must_exist=False))]
-
-
-@contextmanager
-def spark_session(cfg: Config, spark=None, app: str = "audit"):
-    """The caller's session (tests pass theirs, left running), or a new one stopped afterwards."""
-    if spark is not None:
-        yield spark
-        return
-    from common.spark import build_spark
-
-    session = build_spark(cfg, app)
-    try:
-        yield session
-    finally:
-        session.stop()

@@ -100,7 +100,7 @@ def main(argv=None, prog: str = "bench.audit_versions") -> int:
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="audit-bench-"))
     from audit.__main__ import run_audit
-    from common.spark import build_spark
+    from common.spark import build_spark, stop
 
     cfg = bench_config(root)
     spark = build_spark(cfg, "bench-audit")
@@ -112,7 +112,7 @@ def main(argv=None, prog: str = "bench.audit_versions") -> int:
         report = run_audit(spark, cfg, "gold.zip_hourly_sightings")
         audit_s = time.monotonic() - started
     finally:
-        spark.stop()
+        stop(spark)
     checks = report["tables"][0]["prefix"]
     result = {"versions": len(checks), "silver_commits": commits, "build_s": round(build_s, 1),
               "audit_s": round(audit_s, 1), "per_version_s": round(audit_s / len(checks), 2),

@@ -23,7 +23,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from common.config import load_config
-from common.spark import build_spark
+from common.spark import build_spark, stop
 from gold import transform as T
 from gold.kinds import LITERAL_TS
 from gold.sinks import merge
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     summary = {name: {"fold_s": round(statistics.median(f for f, _ in t), 2),
                       "merge_s": round(statistics.median(m for _, m in t), 2)} for name, t in times.items()}
     print("GOLD_HISTORY " + json.dumps({"finalized_windows": args.windows, **summary}))
-    spark.stop()
+    stop(spark)
     shutil.rmtree(root, ignore_errors=True)
     return 0
 

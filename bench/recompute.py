@@ -22,7 +22,7 @@ from bronze.job import BINARY_FILE_SCHEMA
 from bronze.transform import lines_from_files
 from common.config import load_config
 from common.errors import JobError, command
-from common.spark import build_spark
+from common.spark import build_spark, stop
 from gold.tables import gold_tables
 from silver import transform as S
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     try:
         print("RECOMPUTE " + json.dumps(recompute(spark, cfg, args.out)), flush=True)
     finally:
-        spark.stop()
+        stop(spark)
     return 0
 
 

@@ -157,7 +157,9 @@ class Session:
 
     def stop(self):
         if self._spark is not None:
-            self._spark.stop()
+            from common.spark import stop
+
+            stop(self._spark)
 
 
 def layer_of(query: str) -> str:

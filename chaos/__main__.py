@@ -105,10 +105,10 @@ def run(cfg, root, s, logs: Path) -> dict:
         summary.update(ok=False, checks=[{"name": "drain", "ok": False,
                                           "detail": f"exit {outcome.drain_code}; see {outcome.drain_log}"}])
         return summary
-    from audit.tables import spark_session
+    from common.spark import session
 
     # The audit shares the checks' session: one JVM start after the drain instead of two.
-    with spark_session(cfg, app="chaos-checks") as spark:
+    with session(cfg, "chaos-checks") as spark:
         print("chaos: audit", flush=True)
         code, report = _audit(spark, cfg)
         checks = verify(spark, cfg, feeder.expected, code, report)

@@ -146,13 +146,10 @@ def frontier(lake: Lake) -> datetime:
 
 def mirror(lake: Lake) -> int:
     from audit.changes import mirror_differences
-    from common.spark import build_spark
+    from common.spark import session
 
-    spark = build_spark(lake.cfg, "day2-mirror")
-    try:
+    with session(lake.cfg, "day2-mirror") as spark:
         differ = mirror_differences(spark, lake.cfg, str(lake.root.parent / f"{lake.root.name}-mirror"))
-    finally:
-        spark.stop()
     print(json.dumps(differ))
     return 0
 

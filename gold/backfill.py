@@ -432,15 +432,10 @@ def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
               "data comes) folds the pending late events in before its own rows (the gold log says so)")
         return 0
     try:
-        if spark is None:
-            from common.spark import build_spark
+        from common.spark import session
 
-            session = build_spark(cfg, "backfill")
-        try:
-            outcome = Backfill(spark or session, cfg).run(args.since, args.until, args.dry_run)
-        finally:
-            if spark is None:
-                session.stop()
+        with session(cfg, "backfill", spark) as spark:
+            outcome = Backfill(spark, cfg).run(args.since, args.until, args.dry_run)
     finally:
         locks.__exit__(None, None, None)
     if args.json:

@@ -31,7 +31,7 @@ def _train(target: Path) -> None:
     class it loaded when it exits."""
     from common.config import load_config
     from common.internals import driver_jvm_process
-    from common.spark import build_spark, jvm_options
+    from common.spark import build_spark, jvm_options, stop
 
     scratch = Path(tempfile.mkdtemp(prefix="lakehouse-cds-"))
     env = {k: v for k, v in os.environ.items()
@@ -50,7 +50,7 @@ def _train(target: Path) -> None:
         if code != 0:
             raise SystemExit(f"error: the training run of the pipeline failed (exit {code})")
         jvm = driver_jvm_process(spark)
-        spark.stop()
+        stop(spark)
         # The JVM writes the archive as it exits, which it does when its stdin closes.
         jvm.stdin.close()
         jvm.wait(timeout=300)

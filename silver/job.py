@@ -96,6 +96,12 @@ class Dimension:
         self._cached = None          # (version, its cached rows)
         self._lock = threading.Lock()
 
+    @classmethod
+    def of(cls, cfg) -> Dimension | None:
+        """The profile's dimension, None if it has none."""
+        dim = cfg.profile.dimension
+        return cls(cfg.table_path("silver", dim.table)) if dim else None
+
     def warm(self, spark) -> None:
         """Read the latest version into the cache on a thread of its own: silver's query starts
         meanwhile, and its first batch waits for the rows only if it pins that version before
@@ -140,17 +146,14 @@ class SilverBatch(MicroBatch):
         super().__init__(spark, cfg, QUERY, "bronze.events", {"events": gate}, accounting_, outputs)
         self.profile = cfg.profile
         self.dimension = cfg.profile.dimension.table if cfg.profile.dimension else None
-        if self.dimension:
-            self._dimension = dimension or Dimension(cfg.table_path("silver", self.dimension))
+        self._dimension = dimension or Dimension.of(cfg)
         self.late_table_ready = False
         self.paths = {"bronze": cfg.table_path("bronze", "events"), "events": events}
-        if self.dimension:
-            self.paths["dimension"] = cfg.table_path("silver", self.dimension)
 
     def pin_dimension(self, lineage: dict) -> int:
         """Pin the dimension's version, so the lineage of the batch's commits (accounting included)
         says exactly which one it joined. A no-data batch joins nothing and pins nothing."""
-        version = table_version(self.spark, self.paths["dimension"])
+        version = table_version(self.spark, self._dimension.path)
         lineage["dimensions"] = {f"silver.{self.dimension}": version}
         return version
 
@@ -338,8 +341,7 @@ def layer(cfg, suite=None) -> Layer:
     """Silver, gated by `suite` (default: the profile's suite in conf silver.expectations)."""
     # A bad suite fails here or in validate, before any query.
     suite = suite or silver_suite(cfg, gx=False)
-    dim = cfg.profile.dimension
-    dimension = Dimension(cfg.table_path("silver", dim.table)) if dim else None
+    dimension = Dimension.of(cfg)
     return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite, dimension)),),
                  reads_table=cfg.table_path("bronze", "events"),
                  prepare=lambda spark: ensure_tables(spark, cfg, dimension=False),

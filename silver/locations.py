@@ -173,14 +173,11 @@ def _run(path_arg: str | None) -> int:
     path = location(path_arg) if path_arg else None
     dim = _dimension(cfg)
     _read_file(cfg, path or cfg.locations_csv)     # a bad file fails before a JVM starts
-    from common.spark import build_spark
+    from common.spark import session
 
-    spark = build_spark(cfg, "locations-load")
-    try:
+    with session(cfg, "locations-load") as spark:
         version = load(spark, cfg, path)
         now = current(spark.read.format("delta").load(cfg.table_path("silver", dim.table))).count()
-    finally:
-        spark.stop()
     name = f"silver.{dim.table}"
     what = f"version {version}" if version is not None else "no change, no new version"
     log.info(f"{name}: {what}; {now} {dim.key}s located now",

@@ -4,6 +4,7 @@ through a cycle, and the pure transforms load no configuration."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,22 @@ def test_the_layout_test_catches_an_upward_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from pipeline.cli import main\nif __name__ == '__main__':\n    import bench.run\n")
     assert [m for _, m in imports(probe)] == ["pipeline.cli"]
+
+
+# The one stop itself, and the plain-Spark baselines the bench compares against (plain on purpose).
+PLAIN_STOPS = {"common/spark.py", "common/internals.py", "bench/baseline.py", "bench/baseline_stream.py"}
+
+
+def test_sessions_are_stopped_by_common_spark_stop():
+    """A tool that builds its own session stops it with common.spark.stop (or its `session`
+    block): a bare SparkSession.stop() waits for PySpark's accumulator server (up to a second
+    per process) and lets the state stores' maintenance log a stack after a clean run."""
+    bare = []
+    for _, path in modules():
+        if path.relative_to(REPO).as_posix() in PLAIN_STOPS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "stop"
+                    and not node.args and "spark" in ast.unparse(node.func.value).lower()):
+                bare.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    assert not bare, f"sessions stopped without common.spark.stop: {bare}"

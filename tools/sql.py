@@ -93,7 +93,9 @@ class Runner:
 
     def close(self) -> None:
         if self.spark is not None and self._own_spark:
-            self.spark.stop()
+            from common.spark import stop
+
+            stop(self.spark)
 
 
 

@@ -26,7 +26,7 @@ from bench.soak.judge import SNAPSHOT_DELTAS, checkpoint_settled_s, fmt, summary
 from bench.soak.sample import BatchTap, Sampler, table_operations
 from common.flow import ORDER
 from common.log import LogToFile
-from common.spark import build_spark
+from common.spark import build_spark, stop as stop_spark
 from common.streaming import interval
 from pipeline.runner import Runner, declare
 from tools.generator.events import Params, write_locations
@@ -285,7 +285,7 @@ class Soak:
             if not audit["ok"]:
                 self.problems += [f"audit: {f}" for f in audit["failures"]]
             log(f"audit: {'PASS' if audit['ok'] else 'FAIL'} ({audit.get('seconds', '-')} s)")
-        spark.stop()
+        stop_spark(spark)
         self.pipeline_log.close()
 
     def judge(self) -> None:
