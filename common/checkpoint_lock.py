@@ -6,7 +6,11 @@ object beside it, `<query>.lease`: its owner and an expiry `object_store.lease_t
 renewed every third of the ttl while the process runs, deleted when it stops. A starting
 instance that finds a lease watches it: renewed, its holder is alive and the start is refused
 (within a third of the ttl); not renewed until it expires, its holder died (kill -9) and the
-lease is taken over (a restart waits at most one ttl). Two instances starting at the same moment both write
+lease is taken over (a restart waits at most one ttl). A holder that ran on this machine
+needs no watching: the lease names its process (the kernel's boot, pid namespace, user, pid and
+start time), whose descendants (its JVM, which writes the checkpoint) carry that name in their
+environment. When neither it nor any of them runs any more, the lease is taken over at once.
+Two instances starting at the same moment both write
 their lease; each waits `lease_settle`, reads it back, and only the one whose write landed last
 goes on (S3 reads are strongly consistent since 2020). Expiry is judged by the wall clock, so
 machines that share a bucket need synchronised clocks (NTP).
@@ -20,6 +24,7 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from common.config import Config
 from common.log import fields
@@ -71,10 +76,75 @@ class _FileLock:
             self.file = None
 
 
+# Names the lease holders among a process's ancestors, so a holder's descendants are found.
+HOLDERS_VAR = "LAKEHOUSE_LEASE_HOLDERS"
+
+
+def _process(pid: int) -> dict | None:
+    """What names a process on this machine across time: the kernel's boot, the pid namespace,
+    the user, the pid and its start (clock ticks since boot; a reused pid has a later one). None
+    where /proc does not say (not Linux, or no such process)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+        uid = os.stat(f"/proc/{pid}").st_uid
+        # The command name (field 2) may hold spaces and parentheses: count from its end.
+        start = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    return {"boot": boot, "pid_namespace": namespace, "uid": uid, "pid": pid, "start": start}
+
+
+def _token(process: dict) -> str:
+    return f"{process['pid']}-{process['start']}"
+
+
+def _mark_descendants(process: dict | None) -> None:
+    """Processes started from now on (the JVM, its workers) carry this holder's name."""
+    if process is not None:
+        held = [t for t in os.environ.get(HOLDERS_VAR, "").split(",") if t]
+        if _token(process) not in held:
+            os.environ[HOLDERS_VAR] = ",".join([*held, _token(process)])
+
+
+def _descendant_running(token: str) -> bool:
+    """A process of this machine started with `token` among its holders (environments of other
+    users' processes are not readable, and are not a holder's descendants)."""
+    needle = f"{HOLDERS_VAR}=".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        for entry in environ.split(b"\0"):
+            if entry.startswith(needle) and token in entry[len(needle):].decode(errors="replace").split(","):
+                return True
+    return False
+
+
+def _gone(holder: dict | None, here: dict | None) -> bool:
+    """The lease's holder ran on this machine (this boot, pid namespace and user) and neither it
+    nor any process it started runs any more. A holder elsewhere, or any doubt, is not gone."""
+    keys = ("boot", "pid_namespace", "uid")
+    if not isinstance(holder, dict) or not here or any(holder.get(k) != here[k] for k in keys):
+        return False
+    try:
+        pid, start = int(holder["pid"]), int(holder["start"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    now = _process(pid)
+    if now is not None and now["start"] == start:
+        return False
+    return not _descendant_running(_token(holder))
+
+
 class _Lease:
     def __init__(self, path: ObjectPath, ttl: float, settle: float):
         self.path, self.ttl, self.settle = path, ttl, settle
         self.owner = f"pid {os.getpid()} on {socket.gethostname()} ({uuid.uuid4().hex[:8]})"
+        self.process = _process(os.getpid())
         self.held = False
 
     def _read(self) -> dict | None:
@@ -87,12 +157,17 @@ class _Lease:
 
     def _write(self) -> None:
         self.path.write_text(json.dumps({
-            "owner": self.owner, "expires": time.time() + self.ttl,
+            "owner": self.owner, "expires": time.time() + self.ttl, "process": self.process,
             "renewed": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}))
 
     def acquire(self) -> None:
         lease = self._read()
-        if lease and lease.get("owner") != self.owner and float(lease.get("expires", 0)) > time.time():
+        held = lease and lease.get("owner") != self.owner and float(lease.get("expires", 0)) > time.time()
+        if held and _gone(lease.get("process"), self.process):
+            log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, which no longer "
+                     "runs on this machine: taken over",
+                     extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
+        elif held:
             # Live or dead? A running holder renews within a third of the ttl; one killed with -9
             # never will. Watch it until it expires (at most one ttl) and refuse if it is renewed.
             expires = float(lease["expires"])
@@ -114,6 +189,7 @@ class _Lease:
             raise CheckpointBusy(_refusal(self.path.with_suffix(""), f"{lease.get('owner', 'another process')} "
                                           f"(it took the lease as this one started)"))
         self.held = True
+        _mark_descendants(self.process)
 
     def renew(self) -> None:
         if not self.held:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,8 +23,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# A restart after kill -9 waits at most this long for the dead lease. Longer than a pipeline
-# process takes to import its layers and reach the lock (about 10 s), so the next start sees the lease.
+# A lease the next start cannot prove dead (its holder ran elsewhere) expires after this. Longer
+# than a pipeline process takes to import its layers and reach the lock (about 10 s).
 LEASE_TTL = "20 seconds"
 SHORT_LEASE_TTL = "8 seconds"
 
@@ -93,9 +94,10 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
     names = [c["name"] for c in summary["checks"]]
     assert "bronze: raw bytes unchanged" in names and "audit passes" in names, names
     assert summary["audit_exit"] == 0, summary["audit_failures"]
-    # A start after a kill found the killed process's lease and waited for it to expire.
+    # A start after a kill found the killed process's lease, and took it over at once: the
+    # process and its JVM were gone.
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
-    assert "waiting up to" in logs and "lease held by" in logs
+    assert "lease held by" in logs and "no longer runs on this machine: taken over" in logs
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     # The objects are in the server's bucket, not in some local folder named "s3a:".
@@ -141,16 +143,45 @@ def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged, lock_
         assert maint.returncode == 2 and "holds checkpoints" in maint.stderr, maint.stderr
     assert not lease.exists(), "a clean stop deletes its lease"
 
-    # A holder killed with -9 leaves its lease; the next instance takes it over once it expires.
+    # A holder killed with -9 leaves its lease. It ran on this machine and nothing it started
+    # runs: the next instance takes the lease over at once, without waiting for it to expire.
     with lock_holder(s3_env):
         pass
     assert lease.exists()
+    logged.clear()
     started = time.monotonic()
     with CheckpointLocks(cfg, ["silver"]):
         waited = time.monotonic() - started
         assert json.loads(lease.read_text())["owner"].startswith(f"pid {os.getpid()} ")
+    assert any("no longer runs on this machine: taken over" in m for m in logged.messages), logged.messages
+    assert waited < cfg.object_store.lease_settle.seconds + 3
+    assert not any("waiting up to" in m for m in logged.messages)
+
+    # A process the dead holder started still runs (a job's JVM, finishing what it wrote): the
+    # lease is watched until it expires, then taken over.
+    with lock_holder(s3_env, child=True) as holder:
+        pass
+    logged.clear()
+    try:
+        started = time.monotonic()
+        with CheckpointLocks(cfg, ["silver"]):
+            waited = time.monotonic() - started
+    finally:
+        os.kill(holder.child, signal.SIGKILL)
     assert any("waiting up to" in m for m in logged.messages), logged.messages
-    assert waited <= cfg.object_store.lease_ttl.seconds + 5
+    assert cfg.object_store.lease_ttl.seconds / 2 < waited <= cfg.object_store.lease_ttl.seconds + 5
+
+    # A lease from another machine (another boot of a kernel) is watched until it expires too.
+    with CheckpointLocks(cfg, ["silver"]):
+        held = json.loads(lease.read_text())
+    logged.clear()
+    lease.write_text(json.dumps(dict(held, owner="pid 1 on elsewhere", expires=time.time() + 6,
+                                     process=dict(held["process"], boot="another-boot"))))
+    started = time.monotonic()
+    with CheckpointLocks(cfg, ["silver"]):
+        waited = time.monotonic() - started
+    assert any("lease held by pid 1 on elsewhere; waiting up to" in m for m in logged.messages), logged.messages
+    assert waited >= 5
     with pytest.raises(CheckpointBusy):   # the lease is ours while held: a rival is refused
         with CheckpointLocks(cfg, ["silver"]):
             CheckpointLocks(cfg, ["silver"]).__enter__()
