@@ -123,6 +123,10 @@ $(JAR_STAMP): jvm/spark/pom.xml jvm/kafka-broker/pom.xml jvm/s3a/pom.xml jvm/s3p
 # The rest runs in one process: split over two (pytest-xdist 3.8, -n 2 --dist loadfile, tried
 # on 2026-12-01) it took 56 min against 50 alone, the two cores being the limit, and starved the
 # soak beside it (a silver batch of 65 rows took 298 s; its mean batch time grew and failed).
+# Alone it keeps the cores 68% busy on average (2026-12-05, sampled every 30 s); moving the six
+# files that wait most (chaos, object store, broker outage, bronze, refresh, maintenance) to a
+# third process gained 10% (28.1 min against 31.3) while every test in both ran 1.5-2x slower
+# and the soak took 692 s instead of 390: not worth the timing margins it eats.
 BESIDE := tests/test_soak.py::test_short_soak_end_to_end
 test: $(READY) ## Run the whole test suite (real Spark, Delta and Kafka)
 	@log=$$(mktemp); \
