@@ -272,14 +272,15 @@ class CheckpointLocks:
 
 def live_leases(cfg: Config) -> list[str]:
     """Holders of the unexpired leases under the checkpoint root (object storage only): a pipeline
-    running there is the one driver Delta's S3 log store allows to write its tables."""
+    running there is the one driver Delta's S3 log store allows to write its tables. A lease
+    whose holder is gone from this machine (_gone) holds nothing."""
     root = location(str(cfg.checkpoint_root))
     if not isinstance(root, ObjectPath):
         return []
-    held = []
+    held, here = [], _process(os.getpid())
     for obj in root.iterdir():
         if obj.suffix == ".lease":
             lease = _Lease(obj, 0, 0)._read() or {}
-            if float(lease.get("expires", 0)) > time.time():
+            if float(lease.get("expires", 0)) > time.time() and not _gone(lease.get("process"), here):
                 held.append(f"{obj.stem} ({lease.get('owner')})")
     return held

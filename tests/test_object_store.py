@@ -119,7 +119,7 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
 
 
 def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged, lock_holder):
-    from common.checkpoint_lock import CheckpointBusy, CheckpointLocks
+    from common.checkpoint_lock import CheckpointBusy, CheckpointLocks, live_leases
     from common.config import load_config
     from common.storage import location
 
@@ -145,9 +145,9 @@ def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged, lock_
 
     # A holder killed with -9 leaves its lease. It ran on this machine and nothing it started
     # runs: the next instance takes the lease over at once, without waiting for it to expire.
-    with lock_holder(s3_env):
-        pass
-    assert lease.exists()
+    with lock_holder(s3_env) as holder:
+        assert [h for h in live_leases(cfg) if f"pid {holder.pid} " in h]
+    assert lease.exists() and live_leases(cfg) == []     # maintenance need not wait for it either
     logged.clear()
     started = time.monotonic()
     with CheckpointLocks(cfg, ["silver"]):
@@ -163,6 +163,7 @@ def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged, lock_
         pass
     logged.clear()
     try:
+        assert [h for h in live_leases(cfg) if f"pid {holder.pid} " in h]
         started = time.monotonic()
         with CheckpointLocks(cfg, ["silver"]):
             waited = time.monotonic() - started
