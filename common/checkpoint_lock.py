@@ -8,8 +8,9 @@ instance that finds a lease watches it: renewed, its holder is alive and the sta
 (within a third of the ttl); not renewed until it expires, its holder died (kill -9) and the
 lease is taken over (a restart waits at most one ttl). A holder that ran on this machine
 needs no watching: the lease names its process (the kernel's boot, pid namespace, user, pid and
-start time), whose descendants (its JVM, which writes the checkpoint) carry that name in their
-environment. When neither it nor any of them runs any more, the lease is taken over at once.
+start time) and the children it had when it last wrote the lease, and every process it starts
+after taking the lease carries its name in its environment: its JVM, which writes the
+checkpoint, is one or the other. When none of them runs any more, the lease is taken over at once.
 Two instances starting at the same moment both write
 their lease; each waits `lease_settle`, reads it back, and only the one whose write landed last
 goes on (S3 reads are strongly consistent since 2020). Expiry is judged by the wall clock, so
@@ -88,11 +89,31 @@ def _process(pid: int) -> dict | None:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.readlink(f"/proc/{pid}/ns/pid")
         uid = os.stat(f"/proc/{pid}").st_uid
-        # The command name (field 2) may hold spaces and parentheses: count from its end.
-        start = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+        start = _stat(str(pid))[1]
     except (OSError, ValueError, IndexError):
         return None
     return {"boot": boot, "pid_namespace": namespace, "uid": uid, "pid": pid, "start": start}
+
+
+def _stat(pid: str) -> tuple[int, int]:
+    """(parent pid, start) of a process, from /proc/<pid>/stat. The command name (field 2) may
+    hold spaces and parentheses: the fields are counted from its end."""
+    fields_ = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields_[1]), int(fields_[19])
+
+
+def _children(pid: int) -> list[dict]:
+    """This machine's processes whose parent is `pid`, each {"pid", "start"}."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parent, start = _stat(proc.name)
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == pid:
+                out.append({"pid": int(proc.name), "start": start})
+    return out
 
 
 def _token(process: dict) -> str:
@@ -124,18 +145,25 @@ def _descendant_running(token: str) -> bool:
     return False
 
 
+def _running(pid: int, start: int) -> bool:
+    try:
+        return _stat(str(pid))[1] == start
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def _gone(holder: dict | None, here: dict | None) -> bool:
-    """The lease's holder ran on this machine (this boot, pid namespace and user) and neither it
-    nor any process it started runs any more. A holder elsewhere, or any doubt, is not gone."""
+    """The lease's holder ran on this machine (this boot, pid namespace and user), and neither it,
+    nor a child it had when it wrote the lease, nor any process it started since runs any more.
+    A holder elsewhere, or any doubt, is not gone."""
     keys = ("boot", "pid_namespace", "uid")
     if not isinstance(holder, dict) or not here or any(holder.get(k) != here[k] for k in keys):
         return False
     try:
-        pid, start = int(holder["pid"]), int(holder["start"])
+        known = [(int(p["pid"]), int(p["start"])) for p in [holder, *holder.get("children", [])]]
     except (KeyError, TypeError, ValueError):
         return False
-    now = _process(pid)
-    if now is not None and now["start"] == start:
+    if any(_running(pid, start) for pid, start in known):
         return False
     return not _descendant_running(_token(holder))
 
@@ -156,8 +184,11 @@ class _Lease:
             return {}
 
     def _write(self) -> None:
+        # Children already running (a JVM started before the lease was taken) do not carry the
+        # holder's name: the lease lists them, as they are at each write.
+        process = self.process and {**self.process, "children": _children(self.process["pid"])}
         self.path.write_text(json.dumps({
-            "owner": self.owner, "expires": time.time() + self.ttl, "process": self.process,
+            "owner": self.owner, "expires": time.time() + self.ttl, "process": process,
             "renewed": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}))
 
     def acquire(self) -> None:

@@ -88,16 +88,19 @@ def lock_holder():
     lease on object storage); the block's end kills that process with -9, so what a dead
     holder leaves behind is the test's to check."""
     @contextmanager
-    def hold(env: dict, query: str = "silver", child: bool = False):
-        """`child`: once locked, the holder starts a process of its own (as a job starts its JVM),
-        which outlives the holder's kill; its pid is the block's value's `child`."""
-        start_child = "import subprocess; c = subprocess.Popen(['sleep', '600']); " if child else "c = None; "
+    def hold(env: dict, query: str = "silver", child: str | None = None):
+        """`child`: "after" the holder took the lock, or "before", it starts a process of its own
+        (a job's JVM, started after the lock in a pipeline, before it in a refresh), which
+        outlives the holder's kill; its pid is the block's value's `child`."""
+        start_child = "import subprocess; c = subprocess.Popen(['sleep', '600']); "
         proc = subprocess.Popen([sys.executable, "-c",
                                  "import time; from common.config import load_config; "
                                  "from common.checkpoint_lock import CheckpointLocks; "
+                                 + (start_child if child == "before" else "c = None; ") +
                                  # held in a name: a collected lock object closes its flock
                                  f"held = CheckpointLocks(load_config(), [{query!r}]).__enter__(); "
-                                 f"{start_child}print('locked', c and c.pid, flush=True); time.sleep(600)"],
+                                 + (start_child if child == "after" else "") +
+                                 "print('locked', c and c.pid, flush=True); time.sleep(600)"],
                                 cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
         try:
             word, pid = proc.stdout.readline().split()
