@@ -20,10 +20,11 @@ from types import SimpleNamespace
 import pytest
 from delta.tables import DeltaTable
 
-from audit.__main__ import run_audit
+from audit.__main__ import _silver_rows, run_audit
 from audit.history import table_history
 from audit.report import render
 from audit.restore import main as restore_main
+from common.batch import EXPRESSIONS
 from common.config import load_config
 from common.lineage import parse
 
@@ -383,7 +384,13 @@ def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(
     total = lambda: spark.read.format("delta").load(sightings).agg(F.sum("events")).first()[0]  # noqa: E731
     assert total() == silver + 1
 
-    report = run_audit(spark, cfg)
+    # (the audit interprets its expressions on so small a silver, and leaves the session as it was)
+    spark.conf.set(EXPRESSIONS, "FALLBACK")
+    try:
+        report = run_audit(spark, cfg)
+        assert spark.conf.get(EXPRESSIONS) == "FALLBACK"
+    finally:
+        spark.conf.unset(EXPRESSIONS)
     assert report["ok"], report["failures"]
     for table in GOLD:
         checks = prefix(report, table)
@@ -596,3 +603,15 @@ def test_audit_of_a_many_version_gold_table(spark, tmp_path):
     for h in [h for h in history if h["operation"] == "MERGE"][-5:]:
         files = len(spark.read.format("delta").option("versionAsOf", h["version"] - 1).load(path).inputFiles())
         assert 0 < int(h["operationMetrics"]["numTargetFilesRemoved"]) < files, (files, h["operationMetrics"])
+
+
+def test_silver_size_for_the_audit_s_expressions_comes_from_its_whole_history():
+    from audit.history import Version
+
+    def v(n, added, removed=0):
+        return Version(n, None, "WRITE", added, removed, None)
+
+    assert _silver_rows([v(0, 0), v(1, 6), v(2, 5, 2)]) == 9
+    assert _silver_rows([v(3, 6), v(4, 5)]) is None          # the log lost its first commits
+    assert _silver_rows([v(0, 0), v(1, None)]) is None       # a commit without its row counts
+    assert _silver_rows([]) is None and _silver_rows(None) is None
