@@ -194,7 +194,11 @@ class _Lease:
     def acquire(self) -> None:
         lease = self._read()
         held = lease and lease.get("owner") != self.owner and float(lease.get("expires", 0)) > time.time()
-        if held and _gone(lease.get("process"), self.process):
+        if lease and not held and lease.get("owner") not in (None, self.owner):
+            log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']} expired "
+                     f"{time.time() - float(lease.get('expires', 0)):.0f} s ago: taken over",
+                     extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
+        elif held and _gone(lease.get("process"), self.process):
             log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, which no longer "
                      "runs on this machine: taken over",
                      extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))

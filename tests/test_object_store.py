@@ -94,10 +94,11 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
     names = [c["name"] for c in summary["checks"]]
     assert "bronze: raw bytes unchanged" in names and "audit passes" in names, names
     assert summary["audit_exit"] == 0, summary["audit_failures"]
-    # A start after a kill found the killed process's lease, and took it over at once: the
-    # process and its JVM were gone.
+    # A start after a kill found the killed process's lease and took it over: at once, the process
+    # and its JVM being gone, or, when the start reached the lock later than the lease's expiry
+    # (a loaded machine), as expired. (The takeover at once is proven apart, below.)
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
-    assert "lease held by" in logs and "no longer runs on this machine: taken over" in logs
+    assert "lease held by" in logs and ": taken over" in logs
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     # The objects are in the server's bucket, not in some local folder named "s3a:".
