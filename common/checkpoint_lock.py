@@ -102,17 +102,21 @@ def _stat(pid: str) -> tuple[int, int]:
     return int(fields_[1]), int(fields_[19])
 
 
+def _processes():
+    """/proc's folder of every process of this machine."""
+    return (proc for proc in Path("/proc").iterdir() if proc.name.isdigit())
+
+
 def _children(pid: int) -> list[dict]:
     """This machine's processes whose parent is `pid`, each {"pid", "start"}."""
     out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                parent, start = _stat(proc.name)
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == pid:
-                out.append({"pid": int(proc.name), "start": start})
+    for proc in _processes():
+        try:
+            parent, start = _stat(proc.name)
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid:
+            out.append({"pid": int(proc.name), "start": start})
     return out
 
 
@@ -132,9 +136,7 @@ def _descendant_running(token: str) -> bool:
     """A process of this machine started with `token` among its holders (environments of other
     users' processes are not readable, and are not a holder's descendants)."""
     needle = f"{HOLDERS_VAR}=".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for proc in _processes():
         try:
             environ = (proc / "environ").read_bytes()
         except OSError:
@@ -193,14 +195,13 @@ class _Lease:
 
     def acquire(self) -> None:
         lease = self._read()
-        held = lease and lease.get("owner") != self.owner and float(lease.get("expires", 0)) > time.time()
-        if lease and not held and lease.get("owner") not in (None, self.owner):
-            log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']} expired "
-                     f"{time.time() - float(lease.get('expires', 0)):.0f} s ago: taken over",
-                     extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
-        elif held and _gone(lease.get("process"), self.process):
-            log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, which no longer "
-                     "runs on this machine: taken over",
+        other = lease and lease.get("owner") not in (None, self.owner)
+        held = other and float(lease.get("expires", 0)) > time.time()
+        taken = (None if not other else
+                 f"expired {time.time() - float(lease.get('expires', 0)):.0f} s ago" if not held else
+                 "which no longer runs on this machine" if _gone(lease.get("process"), self.process) else None)
+        if taken:
+            log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, {taken}: taken over",
                      extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
         elif held:
             # Live or dead? A running holder renews within a third of the ttl; one killed with -9
