@@ -618,6 +618,26 @@ Where the time goes is fixed costs, not rows:
   batch's files all the same), the progress log's appends held to the end of an available-now
   run (19.38 / 19.34 s, four pairs), and the dimension's seed waiting for bronze's tables
   (20.46 / 20.79 s).
+- (g) at 200,000 events, 2026-12-05 at `5dc65ae` (this machine about 1.6x slower than the day
+  before: the baseline 37.3 s, was 21.5-23.2): `make bench ONLY=b,g BENCH_N=200000` 53.5 / 37.3 s
+  = 1.43x; CPU 87.0 / 56.0 core-s, of which tasks 49.6 / 31.1. A JFR profile of run-all's task
+  threads: Parquet writes 14% (Parquet's dictionary falling back to plain for event ids and
+  the INT96 timestamps about half of it), the batch's cache 9%, `from_json` 9%, the sort before
+  silver's partitioned write 8% (with what it pulls through), Janino and class loading 7% and
+  5%, SHA-256 2%. Run-alls over the same landing, fresh lakehouse each, alternated:
+  - the quarantine's fetch of its records' bytes from bronze, switched off to size it (not a
+    valid pipeline): 46.9 and 44.7 s against 48.3-50.9 s (silver 21.4-22.8 against 24.5-25.8 s;
+    about 5 core-s). Apart, warm: reading the batch's raw column from bronze 0.6-0.8 s, its keys
+    alone 0.23 s; the fetch's left join (sort-merge: every record of the range shuffled with its
+    bytes) 1.1-1.35 s for 801 records, a broadcast semi join of their keys 0.7 s. The bytes
+    cannot ride along cheaply: silver's streaming plan deduplicates between bronze's read and
+    the batch function; on a record's first rejected element they need every element's
+    reasons before the explode (a higher-order function, outside generated code, on every
+    element); on every rejected element a record of 20,000 would be copied 20,000 times.
+  - silver not partitioned by event date: 46.1 and 49.7 s against 50.9 and 49.3 s, inside the
+    noise; kept (queries prune by `event_date`).
+  - `spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS` instead of Spark's INT96: 51.0 and
+    50.1 s against 49.8 and 48.3 s, no gain; kept (every reader the tests use reads INT96).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
