@@ -629,11 +629,15 @@ Where the time goes is fixed costs, not rows:
     valid pipeline): 46.9 and 44.7 s against 48.3-50.9 s (silver 21.4-22.8 against 24.5-25.8 s;
     about 5 core-s). Apart, warm: reading the batch's raw column from bronze 0.6-0.8 s, its keys
     alone 0.23 s; the fetch's left join (sort-merge: every record of the range shuffled with its
-    bytes) 1.1-1.35 s for 801 records, a broadcast semi join of their keys 0.7 s. The bytes
-    cannot ride along cheaply: silver's streaming plan deduplicates between bronze's read and
-    the batch function; on a record's first rejected element they need every element's
-    reasons before the explode (a higher-order function, outside generated code, on every
-    element); on every rejected element a record of 20,000 would be copied 20,000 times.
+    bytes) 1.1-1.35 s for 801 records, a broadcast semi join of their keys 0.7 s. Since then a
+    small record's bytes ride on its rejected events from the parse (`silver.carry_record_kb`,
+    64 KB of size times elements: a nest record of a few hundred bytes is carried, a record of
+    20,000 cameras still fetched), NULLed on its accepted ones before the deduplication, and the
+    quarantine's rows are one pass over the batch's rejects (a union of two reads of the batch's
+    cache before). Parsing 200,000 events with or without the bytes: 5.4 / 5.3 s. Run-all, three
+    pairs alternated: silver 23.2, 24.5, 24.7 s against 25.0, 26.0, 25.5 s; the run 47.4, 48.6,
+    49.8 s against 48.5, 50.3, 49.7 s. Less than switching the fetch off gave: the quarantine's
+    window (a record's bytes on its first rejected element only) remains.
   - silver not partitioned by event date: 46.1 and 49.7 s against 50.9 and 49.3 s, inside the
     noise; kept (queries prune by `event_date`).
   - `spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS` instead of Spark's INT96: 51.0 and

@@ -15,7 +15,7 @@ from pydantic import model_validator
 from common import storage
 from common.errors import JobError
 from common.profile import Profile, ProfileError, deep_merge, expand, load_profile
-from common.spec import (AtLeastOne, Bool, Duration, DurationValue, Int, OptDuration, OptStr, Port,
+from common.spec import (AtLeastOne, Bool, Count, Duration, DurationValue, Int, OptDuration, OptStr, Port,
                          PosInt, PosNumber, Rate, Spec, Str, Timestamp, dataclass, invalid, load, one_of,
                          parse_duration, parsed, read_yaml, spec, string)
 
@@ -170,11 +170,16 @@ class SilverConf(Spec):
     expectations: ExistingFile
     max_files_per_trigger: PosInt
     max_record_mb: PosInt
+    carry_record_kb: Count
     change_feed: Bool
 
     @property
     def max_record_bytes(self) -> int:
         return self.max_record_mb * 2**20
+
+    @property
+    def carry_record_bytes(self) -> int:
+        return self.carry_record_kb * 2**10
 
 
 @spec

@@ -254,6 +254,7 @@ OptStr = parsed(str | None, lambda v: None if v is None else string(v))
 Text = parsed(str, _text)                    # a non-empty string
 Int = parsed(int, _int)
 PosInt = parsed(int, _limited(_int, lambda n: n > 0, "a positive integer"))
+Count = parsed(int, _limited(_int, lambda n: n >= 0, "an integer of at least 0"))
 Port = parsed(int, _limited(_int, lambda n: 0 < n < 65536, "a TCP port 1-65535"))
 Bool = parsed(bool, _bool)
 Rate = parsed(float, lambda v: _number(v, "a rate between 0 and 1", lambda r: 0 <= r <= 1))

@@ -215,10 +215,11 @@ class SilverBatch(MicroBatch):
                 out["events"] = good
         if n_rejects or n_dq:
             bound = T.rejected(rows).unionByName(dq_bad) if n_dq else T.rejected(rows)
-            bronze = (spark.read.format("delta").load(self.paths["bronze"])
-                      if fetch[0] is not None else None)
-            out["quarantine"] = T.to_quarantine(T.with_record_bytes(bound, bronze, profile, *fetch),
-                                                batch_id, profile)
+            if n_event_rejects or n_dq:        # (a record that did not parse holds its bytes)
+                bronze = (spark.read.format("delta").load(self.paths["bronze"])
+                          if fetch[0] is not None else None)
+                bound = T.with_record_bytes(bound, bronze, profile, *fetch)
+            out["quarantine"] = T.to_quarantine(bound, batch_id, profile)
         if new_fields:
             out["fields"] = local_frame(spark, new_fields, NEW_FIELDS)
         return Result(out, dict(events_written=n_candidates - n_dq, events_quarantined=n_event_rejects + n_dq,
@@ -316,7 +317,7 @@ def start_query(spark, cfg, suite, dimension: Dimension | None = None):
     bronze_path = cfg.table_path("bronze", "events")
     bronze = delta_stream(spark, bronze_path, cfg.checkpoint(QUERY), cfg.silver.max_files_per_trigger)
     parsed = T.parse_events(bronze, cfg.silver.min_event_time, cfg.silver.max_future.seconds, cfg.profile,
-                            cfg.silver.max_record_bytes)
+                            cfg.silver.max_record_bytes, cfg.silver.carry_record_bytes)
     observed = parsed.observe(METRICS, *T.input_metrics(parsed, cfg.profile))
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
     books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)

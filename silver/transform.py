@@ -66,10 +66,13 @@ def event_columns(profile: Profile) -> list[str]:
     return ["event_id", *profile.outputs, *(name for name, _ in profile.derived), "event_time"]
 
 
-# The record's bytes (common/raw_bytes.py). Silver carries them only on the row of a record it
-# could not parse: an event carries its bronze position (LINEAGE) instead, from which a
-# quarantined event's record is fetched once (with_record_bytes). Carried on every event, a
-# record of 20,000 elements was copied 20,000 times.
+# The record's bytes (common/raw_bytes.py). Silver carries them on the row of a record it could
+# not parse, and on the rejected events of a record small enough that copying it onto each of its
+# elements costs little (carry_bytes: its size x its elements); every other event carries only its
+# bronze position (LINEAGE), from which a quarantined event's record is fetched once
+# (with_record_bytes). Carried on every event, a record of 20,000 elements was copied 20,000
+# times; fetched for every rejected event, the fetch read the raw column of every bronze file of
+# the batch's range again.
 RAW_COLUMNS = [raw_bytes.RAW, raw_bytes.RAW_BYTES]
 
 
@@ -278,13 +281,20 @@ def _typed(text: Column, field) -> Column:
 
 
 def explode_events(records: DataFrame, min_event_time: datetime, max_future_seconds: float,
-                   profile: Profile) -> DataFrame:
+                   profile: Profile, carry_bytes: int = 0) -> DataFrame:
     """Records -> one row per element (a map entry, an array item, or the record itself),
     flattened and typed, with event-level reasons. A record that did not parse stays one row
     (fields NULL) with its record-level reasons; doing both in one pass reads the source once
-    (a union of two branches would scan it twice)."""
+    (a union of two branches would scan it twice). `carry_bytes`: a parsed record whose size
+    times its number of elements is at most this keeps its bytes on its rejected events (see
+    RAW_COLUMNS); 0, on none."""
     idx = profile.index
     elements = _at(F.col("j"), profile.explode_path) if profile.explode_path else F.array(F.col("j"))
+    keep = ~F.col("parsed")
+    if carry_bytes:
+        # (as a long: a record of 45 MB and 20,000 elements overflows an int)
+        copied = F.octet_length(raw_bytes.RAW).cast("long") * F.size(elements)
+        keep = keep | (copied <= F.lit(carry_bytes))
     is_map = False
     if profile.explode_path:
         dtype = records.schema["j"].dataType
@@ -312,8 +322,7 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
     # In a projection of their own, before the explode: computed in the explode's select, Spark
     # would evaluate them after it, on every element's row, and the generator would still copy
     # the record's bytes onto each one.
-    for c in RAW_COLUMNS:
-        records = records.withColumn(c, F.when(~F.col("parsed"), F.col(c)))
+    records = records.withColumns({c: F.when(keep, F.col(c)) for c in RAW_COLUMNS})
     exploded = records.select(
         *RAW_COLUMNS, *LINEAGE_COLUMNS, "parsed", F.col("reasons").alias("record_reasons"), *carried,
         F.posexplode_outer(F.when(F.col("parsed"), elements)).alias(*parts))
@@ -366,6 +375,8 @@ def explode_events(records: DataFrame, min_event_time: datetime, max_future_seco
         out = out.withColumn(name, F.expr(expression))
     drift = C.event_columns(profile, F.col(C.ELEMENT_MAP), wrong_types) if contract else C.none()
     out = out.withColumns({name: F.when(F.col("parsed"), c) for name, c in drift.items()})
+    if carry_bytes:
+        out = out.withColumns({c: F.when(~is_accepted(), F.col(c)) for c in RAW_COLUMNS})
     return out.withColumn("event_time", F.col(t)).select(*parsed_columns(profile))
 
 
@@ -384,10 +395,10 @@ def _event_id(profile: Profile) -> Column:
 
 
 def parse_events(bronze: DataFrame, min_event_time: datetime, max_future_seconds: float,
-                 profile: Profile, max_record_bytes: int | None = None) -> DataFrame:
+                 profile: Profile, max_record_bytes: int | None = None, carry_bytes: int = 0) -> DataFrame:
     """bronze.events rows -> events (reasons empty) and rejects (reasons set), one DataFrame."""
     return explode_events(parse_records(bronze, profile, max_record_bytes), min_event_time,
-                          max_future_seconds, profile)
+                          max_future_seconds, profile, carry_bytes)
 
 
 def is_accepted() -> Column:
@@ -547,36 +558,44 @@ def bronze_key(prefix: str = "") -> Column:
 
 def fetch_window(bound: Column | None = None) -> list[Column]:
     """Aggregates over a batch's rows: the ingest-time range (epoch µs) of the bronze records
-    whose bytes with_record_bytes will fetch for the rows `bound` for quarantine, so the bronze
-    read skips every other file."""
-    needs = F.col("parsed") if bound is None else bound & F.col("parsed")
+    whose bytes with_record_bytes will fetch for the rows `bound` for quarantine (events that
+    did not carry them), so the bronze read skips every other file; NULL when none needs it."""
+    needs = F.col("parsed") & F.col(raw_bytes.RAW).isNull()
+    needs = needs if bound is None else bound & needs
     micros = F.when(needs, F.unix_micros("bronze_ingest_time"))
     return [F.min(micros).alias("fetch_from"), F.max(micros).alias("fetch_until")]
 
 
-def with_record_bytes(rows: DataFrame, bronze: DataFrame, profile: Profile,
+def with_record_bytes(rows: DataFrame, bronze: DataFrame | None, profile: Profile,
                       fetch_from: int | None, fetch_until: int | None) -> DataFrame:
-    """Rows bound for quarantine, with their record's bytes. A record that did not parse carried
-    them (its one row); an event of a parsed record carried only its bronze position, and gets
-    the bytes here, fetched from `bronze` once per record: on its first quarantined element
-    (lowest index), the others keeping only the position. So a record of 20,000 rejected
-    elements is stored once, not 20,000 times. `fetch_from`/`fetch_until`: fetch_window's range
-    over `rows`, which limits the bronze read to the batch's own files."""
-    if fetch_from is None:
-        return rows
+    """Rows bound for quarantine, with their record's bytes once per record. A record that did
+    not parse carried them (its one row). The events of a parsed record get them on their first
+    quarantined element (lowest index), the others keeping only the position, so a record of
+    20,000 rejected elements is stored once, not 20,000 times: from whichever of its rows
+    carried them (explode_events' carry_bytes), else fetched from `bronze`. `fetch_from` /
+    `fetch_until`: fetch_window's range over `rows`, which limits the bronze read to the batch's
+    own files; None when every event carried its bytes, and `bronze` is then not read. One pass
+    over `rows` (a record that did not parse is a record of one row here)."""
     from pyspark.sql import Window
 
     idx, key, first = profile.index, "_bronze_key", "_first"
-    events = (rows.where(F.col("parsed")).drop(*RAW_COLUMNS)
-              .withColumn(key, bronze_key("bronze_"))
-              .withColumn(first, F.row_number().over(Window.partitionBy(key).orderBy(idx)) == 1))
-    at = lambda micros: F.timestamp_micros(F.lit(micros))   # noqa: E731 - a literal: Delta skips files by it
-    records = (bronze.where(F.col("ingest_time").between(at(fetch_from), at(fetch_until)))
-               .select(bronze_key().alias("_record_key"), *RAW_COLUMNS))
-    # Only a record's first row matches: the bytes are never copied onto its other rows.
-    events = (events.join(records, (F.col(key) == F.col("_record_key")) & F.col(first), "left")
-              .drop(key, first, "_record_key"))
-    return rows.where(~F.col("parsed")).unionByName(events)
+    record = Window.partitionBy(key).orderBy(idx)
+    whole = record.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    out = (rows.withColumn(key, bronze_key("bronze_"))
+           .withColumn(first, F.row_number().over(record) == 1)
+           .withColumns({c: F.when(F.col(first), F.first(c, ignorenulls=True).over(whole))
+                         for c in RAW_COLUMNS}))
+    if fetch_from is not None:
+        at = lambda micros: F.timestamp_micros(F.lit(micros))   # noqa: E731 - a literal: Delta skips files by it
+        fetched = {c: f"_fetched_{c}" for c in RAW_COLUMNS}
+        records = (bronze.where(F.col("ingest_time").between(at(fetch_from), at(fetch_until)))
+                   .select(bronze_key().alias("_record_key"), *[F.col(c).alias(f) for c, f in fetched.items()]))
+        # Only a record's first row without carried bytes matches: never copied onto other rows.
+        missing = F.col(first) & F.col("parsed") & F.col(raw_bytes.RAW).isNull()
+        out = (out.join(records, (F.col(key) == F.col("_record_key")) & missing, "left")
+               .withColumns({c: F.coalesce(F.col(c), F.col(f)) for c, f in fetched.items()})
+               .drop("_record_key", *fetched.values()))
+    return out.drop(key, first)
 
 
 def to_quarantine(rows: DataFrame, batch_id: int, profile: Profile) -> DataFrame:

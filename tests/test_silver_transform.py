@@ -63,9 +63,10 @@ def silver_conf():
     return load_config(env={}).silver
 
 
-def parse(spark, silver_conf, raws, ingest: datetime = INGEST):
+def parse(spark, silver_conf, raws, ingest: datetime = INGEST, carry_bytes: int = 0):
     bronze = raws if not isinstance(raws, list) else bronze_df(spark, raws, ingest)
-    return T.parse_events(bronze, silver_conf.min_event_time, silver_conf.max_future.seconds, NEST)
+    return T.parse_events(bronze, silver_conf.min_event_time, silver_conf.max_future.seconds, NEST,
+                          carry_bytes=carry_bytes)
 
 
 def millis(ts_column: str):
@@ -272,14 +273,25 @@ def test_events_carry_their_bronze_position_not_the_record(spark, silver_conf):
     assert "CASE WHEN NOT parsed" in below and "CASE WHEN NOT parsed" not in plan[:plan.index("Generate")]
 
 
-def test_quarantined_events_get_their_record_bytes_once_per_record(spark, silver_conf):
+@pytest.mark.parametrize("carry", ["none", "small", "all"])
+def test_quarantined_events_get_their_record_bytes_once_per_record(spark, silver_conf, carry):
+    """Carried from the parse (a record small enough: `carry`) or fetched from bronze, a
+    record's bytes reach the quarantine once, on its first quarantined element."""
     two_bad = record(camera("cam-0001"), camera("cam-0002", has_person="maybe"),
                      camera("cam-0003", start="later"))
     one_bad = record(camera("cam-0004", has_person="maybe"))
+    # "small": one_bad (1 element) is carried, two_bad (3 elements) is fetched
+    carry_bytes = {"none": 0, "small": len(one_bad) + 1, "all": 3 * len(two_bad)}[carry]
     bronze = bronze_df(spark, ["{oops", two_bad, one_bad, record(camera("cam-0005"))])
-    parsed = parse(spark, silver_conf, bronze)
+    parsed = parse(spark, silver_conf, bronze, carry_bytes=carry_bytes)
+    carried = {r.bronze_line_number for r in parsed.where("parsed AND raw IS NOT NULL").collect()}
+    assert carried == {"none": set(), "small": {3}, "all": {2, 3}}[carry]
+    assert parsed.where("parsed AND raw IS NOT NULL AND size(reasons) = 0").count() == 0
     fetch = parsed.agg(*T.fetch_window(~T.is_accepted())).first()
-    q = T.to_quarantine(T.with_record_bytes(T.rejected(parsed), bronze, NEST, *fetch), 1, NEST).collect()
+    # every event carried its bytes: bronze is not read at all
+    source = None if carry == "all" else bronze
+    assert (fetch[0] is None) == (carry == "all")
+    q = T.to_quarantine(T.with_record_bytes(T.rejected(parsed), source, NEST, *fetch), 1, NEST).collect()
     by_line = {}
     for r in q:
         by_line.setdefault(r.bronze_line_number, []).append(r)
@@ -288,6 +300,23 @@ def test_quarantined_events_get_their_record_bytes_once_per_record(spark, silver
     assert sorted(r.raw for r in by_line[2] if r.raw) == [two_bad]     # once, not on both events
     assert sum(r.raw is None for r in by_line[2]) == 1
     assert by_line[3][0].raw == one_bad
+
+
+def test_a_records_bytes_reach_its_first_quarantined_row_from_a_later_one(spark, silver_conf):
+    """An event the quality gate quarantines carried no bytes (it parsed clean), and may come
+    before a rejected event of its record that did: the record's first row gets them from it,
+    without a read of bronze, and the later row keeps only its position."""
+    rec = record(camera("cam-0001"), camera("cam-0002", has_person="maybe"))
+    parsed = parse(spark, silver_conf, [rec], carry_bytes=2**20)
+    rows = parsed.withColumn("reasons", F.when(F.size("reasons") == 0, F.array(F.lit("dq:x")))
+                             .otherwise(F.col("reasons")))
+    assert sorted((r.camera_index, r.raw is not None) for r in rows.collect()) == [(0, False), (1, True)]
+    fetch = rows.agg(*T.fetch_window()).first()      # the gate's row lacks bytes: a fetch is set up
+    assert fetch[0] is not None
+    # a bronze holding other bytes at the record's position: the bytes must not come from it
+    other = bronze_df(spark, [record(camera("cam-0009"))])
+    q = T.with_record_bytes(rows, other, NEST, *fetch)
+    assert sorted((r.camera_index, r.raw) for r in q.collect()) == [(0, rec), (1, None)]
 
 
 def _iso_texts(n: int, seed: int) -> list[str]:
