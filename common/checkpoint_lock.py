@@ -193,17 +193,24 @@ class _Lease:
             "owner": self.owner, "expires": time.time() + self.ttl, "process": process,
             "renewed": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}))
 
+    def _takeover(self, lease: dict | None) -> str | None:
+        """Why another holder's lease may be taken over at once (for the log), or None."""
+        if not lease or lease.get("owner") in (None, self.owner):
+            return None
+        left = float(lease.get("expires", 0)) - time.time()
+        if left <= 0:
+            return f"expired {-left:.0f} s ago"
+        if _gone(lease.get("process"), self.process):
+            return "which no longer runs on this machine"
+        return None
+
     def acquire(self) -> None:
         lease = self._read()
-        other = lease and lease.get("owner") not in (None, self.owner)
-        held = other and float(lease.get("expires", 0)) > time.time()
-        taken = (None if not other else
-                 f"expired {time.time() - float(lease.get('expires', 0)):.0f} s ago" if not held else
-                 "which no longer runs on this machine" if _gone(lease.get("process"), self.process) else None)
+        taken = self._takeover(lease)
         if taken:
             log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, {taken}: taken over",
                      extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
-        elif held:
+        elif lease and lease.get("owner") not in (None, self.owner):      # live, or dead elsewhere
             # Live or dead? A running holder renews within a third of the ttl; one killed with -9
             # never will. Watch it until it expires (at most one ttl) and refuse if it is renewed.
             expires = float(lease["expires"])
