@@ -50,11 +50,14 @@ class BatchContext:
 
     def pin(self, df):
         """`df` computed once (by its first job) and cut from its plan until the batch's writes
-        are done: for rows computed from a table the batch then writes. A cache follows its
-        plan's tables: a Delta commit to one re-plans every cached plan that reads it (Delta's
-        file-filtering jobs, two per table per batch in gold), and the next read of the cache
-        computes it again over the new version, so a gold batch's update read after its MERGE
-        folded the batch in twice. (AQE runs `df`'s shuffles here, its last stage in that job.)"""
+        are done; use the returned DataFrame. Its rows are kept as computed, where a cache
+        converts them into column vectors first (silver's parsed batch: cheaper kept this way,
+        for about 1.5x the memory). Needed for rows computed from a table the batch then
+        writes: a cache follows its plan's tables, and a Delta commit to one re-plans every
+        cached plan that reads it (Delta's file-filtering jobs, two per table per batch in gold);
+        the next read of the cache computes it again over the new version, so a gold batch's
+        update read after its MERGE folded the batch in twice. (AQE runs `df`'s shuffles here,
+        its last stage in that job.)"""
         pinned = df.localCheckpoint(eager=False)
         self.cached.append(PinnedBlocks(pinned))
         return pinned
@@ -269,7 +272,7 @@ class _JobWatch:
 
 def aggregates_while_caching(df, *columns):
     """`columns` (aggregate expressions) over `df`, in the job that fills the caller's cache of
-    it: a no-op write that observes them, one stage. `df.agg(...).first()` adds a final
+    it (or computes its pinned rows): a no-op write that observes them, one stage. `df.agg(...).first()` adds a final
     one-task stage behind a shuffle, which on a busy machine waits for a free core behind the
     other layers' tasks. Returns a Row (by name and by attribute)."""
     from pyspark.sql import Observation, Row

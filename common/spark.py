@@ -143,10 +143,11 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         # 123.5 / 114.5 / 111.4 s before, 114.4 / 107.0 / 104.7 s after.
         "spark.sql.files.maxPartitionBytes": "256m",
         "spark.sql.adaptive.enabled": "true",
-        # Silver and gold cache each micro-batch to count it and write it. Compressing the cached
-        # columns (stats for dictionary/run-length encodings on every value) was 9% of a 200k
-        # run-all's task CPU for ~20% less memory on JSON lines that hardly compress: caching
-        # 200k parsed events took 3.2-4.2 s compressed, 2.0-2.3 s not (345 vs 420 MB).
+        # Gold caches each micro-batch to count it and write it (silver did too; it now keeps its
+        # rows as computed, BatchContext.pin). Compressing the cached columns (stats for
+        # dictionary/run-length encodings on every value) was 9% of a 200k run-all's task CPU
+        # for ~20% less memory on JSON lines that hardly compress: caching 200k parsed events
+        # took 3.2-4.2 s compressed, 2.0-2.3 s not (345 vs 420 MB).
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
         # Whole-stage codegen compiles a Java class for every new plan, and a micro-batch pipeline
         # makes many small plans (gates, MERGEs, commits): a JVM profile of run-all had ~20% of its
