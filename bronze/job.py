@@ -10,10 +10,10 @@ import time
 
 from pyspark.errors import StreamingQueryException
 
-from common import accounting
+from common import accounting, raw_bytes
 from common.accounting import executed_batches
 from common.batch import BatchContext, MicroBatch, together
-from common.delta import ensure_table
+from common.delta import ensure_table, skipping_stats
 from common.errors import JobError, caused_by
 from common.flow import Flow, Layer, Recovery, Started
 from common.outputs import Append, Result
@@ -83,9 +83,18 @@ def kafka_stream(spark, cfg):
     return rows_from_kafka(raw)
 
 
+# Delta's per-file min/max statistics for the lineage columns only: reads of bronze pick rows by
+# position or ingest time (silver's fetch of a record's bytes, the audit), never by the bytes,
+# whose statistics (a prefix of every line, compared row by row) were about 8% of a 200,000-row
+# append's time (fresh run-all, four pairs alternated: bronze 4.8 -> 4.55 s).
+STATS = [f.name for f in BRONZE_EVENTS.fields
+         if f.name not in (*raw_bytes.PAIRS, *raw_bytes.PAIRS.values(), *BRONZE_PARTITION)]
+
+
 def prepare(spark, cfg) -> None:
     """Bronze's table and the accounting table its batches book in: independent, side by side."""
-    together(lambda: ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION),
+    together(lambda: ensure_table(spark, cfg, "bronze", "events", BRONZE_EVENTS, BRONZE_PARTITION,
+                                  skipping_stats(STATS)),
              lambda: accounting.ensure_accounting(spark, cfg))
 
 
