@@ -272,9 +272,10 @@ class _JobWatch:
 
 def aggregates_while_caching(df, *columns):
     """`columns` (aggregate expressions) over `df`, in the job that fills the caller's cache of
-    it (or computes its pinned rows): a no-op write that observes them, one stage. `df.agg(...).first()` adds a final
-    one-task stage behind a shuffle, which on a busy machine waits for a free core behind the
-    other layers' tasks. Returns a Row (by name and by attribute)."""
+    it (or computes its pinned rows): a no-op write that observes them, one stage.
+    `df.agg(...).first()` adds a final one-task stage behind a shuffle, which on a busy machine
+    waits for a free core behind the other layers' tasks. Returns a Row (by name and by
+    attribute)."""
     from pyspark.sql import Observation, Row
 
     seen = Observation()
