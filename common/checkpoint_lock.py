@@ -193,9 +193,13 @@ class _Lease:
             "owner": self.owner, "expires": time.time() + self.ttl, "process": process,
             "renewed": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}))
 
+    def _other(self, lease: dict | None) -> bool:
+        """Whether `lease` names a holder other than this one."""
+        return bool(lease) and lease.get("owner") not in (None, self.owner)
+
     def _takeover(self, lease: dict | None) -> str | None:
         """Why another holder's lease may be taken over at once (for the log), or None."""
-        if not lease or lease.get("owner") in (None, self.owner):
+        if not self._other(lease):
             return None
         left = float(lease.get("expires", 0)) - time.time()
         if left <= 0:
@@ -210,7 +214,7 @@ class _Lease:
         if taken:
             log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, {taken}: taken over",
                      extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
-        elif lease and lease.get("owner") not in (None, self.owner):      # live, or dead elsewhere
+        elif self._other(lease):      # live, or dead elsewhere
             # Live or dead? A running holder renews within a third of the ttl; one killed with -9
             # never will. Watch it until it expires (at most one ttl) and refuse if it is renewed.
             expires = float(lease["expires"])
