@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from common.config import load_config
 from common.errors import JobError, command, describe
-from tools.sql import format_table
+from tools.text_table import boxed
 
 from audit.tables import TableError, resolve
 from common.spark import session as spark_session
@@ -190,9 +190,9 @@ def _metrics_summary(metrics: dict) -> str:
 
 
 def operations_table(ops: list[dict]) -> str:
-    return format_table(["version", "timestamp", "operation", "metrics"],
-                        [(o["version"], o["timestamp"], o["operation"], _metrics_summary(o["metrics"]))
-                         for o in ops], max_width=100)
+    return boxed(["version", "timestamp", "operation", "metrics"],
+                 [(o["version"], o["timestamp"], o["operation"], _metrics_summary(o["metrics"]))
+                  for o in ops], max_width=100)
 
 
 def to_text(rep: dict) -> str:
@@ -215,8 +215,7 @@ def to_text(rep: dict) -> str:
         shown = f", first {len(rows)} shown" if len(rows) < n else ""
         lines.append(f"\n{side}: {n} row{'s' if n != 1 else ''}{shown}")
         if rows:
-            lines.append(format_table(rep["columns"], [tuple(_cell(r.get(c)) for c in rep["columns"])
-                                                       for r in rows]))
+            lines.append(boxed(rep["columns"], [tuple(_cell(r.get(c)) for c in rep["columns"]) for r in rows]))
     return "\n".join(lines)
 
 

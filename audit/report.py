@@ -1,15 +1,11 @@
 """The audit report as text: a table per lakehouse table, accounting, a verdict line last."""
 from __future__ import annotations
 
+from tools.text_table import aligned
+
 
 def _fmt(n) -> str:
     return "" if n is None else f"{n:,}"
-
-
-def _grid(headers: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
 def _prefix_cell(check: dict | None) -> str:
@@ -43,7 +39,7 @@ def render(report: dict) -> str:
                               f"{summary['SKIP']} SKIP" + (f", {summary['VACUUMED']} vacuumed, not provable"
                                                            if summary.get("VACUUMED") else "") + ")"
                               if summary else "")
-        out += [title] + _grid(headers, rows)
+        out += [title] + aligned(headers, rows, indent="  ", rule=True)
         a = t.get("attribution")
         if a:
             out.append(f"  {a['table']} attribution: {a['status']} ({a['rows_checked']:,} rows joined again at their "

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from common.config import load_config
 from common.errors import JobError, command
 from common.flow import ORDER
+from tools.text_table import aligned
 
 DEDUP = ("dedupeWithinWatermark", "dedupe")
 SESSIONS = ("applyInPandasWithState", "transformWithStateInPandas")
@@ -87,11 +88,9 @@ def render(held: list[Held]) -> str:
         elif "open_sessions" in h.summary:
             lines.append(head + f"{h.summary['open_sessions']:,} open sessions of {h.keys:,} "
                          f"{h.summary['key']} values")
-            table = [[h.summary["key"], "session_id", "start", "last event", "events"]]
-            table += [[str(r[h.summary["key"]]), r["session_id"], _when(r["session_start"]),
-                       _when(r["last_event"]), f"{r['events']:,}"] for r in h.rows]
-            widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-            lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+            lines += aligned([h.summary["key"], "session_id", "start", "last event", "events"],
+                             [[str(r[h.summary["key"]]), r["session_id"], _when(r["session_start"]),
+                               _when(r["last_event"]), f"{r['events']:,}"] for r in h.rows], indent="  ")
             if len(h.rows) < h.summary["open_sessions"]:
                 lines.append(f"  ... {h.summary['open_sessions'] - len(h.rows):,} more (--limit)")
         else:

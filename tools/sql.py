@@ -21,19 +21,7 @@ from pathlib import Path
 
 from common.config import load_config
 from common.errors import JobError, command
-
-
-def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> str:
-    def cell(v) -> str:
-        s = "NULL" if v is None else str(v)
-        return s if len(s) <= max_width else s[: max_width - 1] + "…"
-
-    body = [[cell(v) for v in r] for r in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(columns)]
-    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-    fmt = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
-    return "\n".join([line, fmt(columns), line, *map(fmt, body), line])
-
+from tools.text_table import boxed
 
 ENGINES = ("embedded", "spark")
 
@@ -45,7 +33,7 @@ class StatementError(JobError):
 def render(columns: list[str], rows: list[tuple], limit: int) -> str:
     """The table and its footer from up to limit + 1 rows (one more says there are more)."""
     more = len(rows) > limit
-    out = format_table(columns, rows[:limit])
+    out = boxed(columns, rows[:limit])
     return out + (f"\n(first {limit} rows shown; use --limit)" if more else f"\n({len(rows)} rows)")
 
 

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from common.errors import command
 from common.config import load_config
 from common.storage import is_delta_table
+from tools.text_table import aligned
 
 
 def queries(cfg) -> tuple[str, ...]:
@@ -182,9 +183,7 @@ def render(rows: list[dict], fields: list[dict] = ()) -> str:
 
 
 def _table(columns, rows) -> str:
-    table = [[h for _, h in columns]] + [[_cell(r.get(k)) for k, _ in columns] for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table)
+    return "\n".join(aligned([h for _, h in columns], [[_cell(r.get(k)) for k, _ in columns] for r in rows]))
 
 
 @command
