@@ -445,6 +445,11 @@ Where the time goes is fixed costs, not rows:
   kept up with all three in 180 s each (gold every 5, 6 and 20 s; p95 28, 27 and 63 s).
   Pipeline / plain <= 0.5x, as in the run at 13:34: the pipeline's limit is about 16,000
   events/s, at its edge, the plain run's above 32,000.
+  The default steps on 2026-12-05 (`make bench ONLY=d,h,i BENCH_N=20000` at `986f20b`, after
+  silver pinned its batch instead of caching it): the pipeline kept up with 4,000, 8,000 and
+  16,000 in 180 s each (gold's latency 63.0 -> 62.7 s at 16,000, p95 99 s) and fell behind at
+  32,000 (294 s; gold's backlog 78 -> 116 files); the plain run kept up with all four (p95 18,
+  15, 19 and 52 s). Pipeline / plain <= 0.5x.
 - (h) has a third run since 2026-11-30, a quiet feed, because the other two cannot time a
   watermark-only batch on its own: the available-now run has one per query, and at (d)'s heavy
   rate they wait for cores behind the next files' tasks (gold 4.27 s (5), silver 4.05 s (1) in
@@ -456,6 +461,9 @@ Where the time goes is fixed costs, not rows:
   (its heavy stream that time: gold 1.11 s (7), silver 1.71 s (1)). Those runs had no class
   archive: it had gone stale (built for other jar stamps), and nothing said so; the JVM now
   warns (`common/class_archive.py`).
+  In the run of 2026-12-05 above, every median was at most 0.48 s: available-now gold 0.42 s
+  (1), silver 0.37 s (1); the heavy stream gold 0.48 s (9), silver 0.46 s (1); the quiet feed
+  gold 0.39 s (5), silver 0.46 s (5).
 - Where a batch's time goes at light load, job by job: `python -m bench.batch_profile` runs the
   quiet feed with Spark's UI on and reads its REST API before the pipeline stops. On 2026-11-30
   (four files, 40 s apart): silver's data batch (304 rows) took 2.01 s, 11 jobs covering 0.94 s
