@@ -118,7 +118,9 @@ def kind(label: str) -> str:
     if "InMemoryTableScan" in label:
         return "reads of the batch's cache (the first one runs the streaming plan and fills it)"
     if label.startswith("Scan ExistingRDD"):
-        return "reads of gold's pinned updates (the first one of each computes it: sizes)"
+        # Silver pins its parsed batch and gold its updates (BatchContext.pin): both scan an RDD,
+        # as the micro-batch's own plan does when a write runs it (its observed metrics).
+        return "reads of pinned rows or of the micro-batch's plan (the first read computes them)"
     if label.startswith("Scan parquet"):
         return "scans of Delta tables (folds, MERGE, gate views)"
     if label.startswith("Delta: "):
