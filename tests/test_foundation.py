@@ -15,6 +15,27 @@ def test_session_settings(spark):
     assert conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
 
 
+def test_distinct_valued_columns_are_written_without_a_dictionary(spark, tmp_path):
+    """Parquet starts each column with a dictionary and drops it, the work spent, when the values
+    are nearly all distinct: the record bytes, event ids and event times (and the profile's
+    timestamps) are written plain from the start (common.spark.plain_encoded); other columns keep
+    theirs. Here every column repeats 50 values, so a dictionary would pay off and be kept."""
+    import pyarrow.parquet as pq
+
+    rows = spark.range(5000).selectExpr("sha2(CAST(id % 50 AS STRING), 256) AS event_id",
+                                        "timestamp_seconds(id % 50) AS event_time",
+                                        "timestamp_seconds(id % 50) AS start_time",
+                                        "CAST(id % 50 AS STRING) AS raw", "CAST(id % 50 AS STRING) AS device_id")
+    rows.coalesce(1).write.format("delta").save(str(tmp_path / "t"))
+    [data] = (tmp_path / "t").glob("*.parquet")
+    meta = pq.ParquetFile(data).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: set(meta.column(i).encodings) for i in range(meta.num_columns)}
+    dictionary = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+    for column in ("event_id", "event_time", "start_time", "raw"):
+        assert not encodings[column] & dictionary, (column, encodings[column])
+    assert encodings["device_id"] & dictionary, encodings["device_id"]
+
+
 def test_delta_round_trip_with_time_travel(spark, cfg):
     path = cfg.table_path("bronze", "events")
     spark.createDataFrame([(1, "a"), (2, "b")], "id INT, v STRING").write.format("delta").save(path)
