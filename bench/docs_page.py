@@ -671,6 +671,31 @@ Where the time goes is fixed costs, not rows:
   (`spark.sql.maxConcurrentOutputFileWriters` 16: a partitioned write without its sort;
   silver the same, the run 30.0 against 30.8 s, three pairs) and `translate` for the
   timestamps' upper-casing (slower than `upper`, which costs 0.13 s per million texts).
+- (g) at 200,000 events, 2026-12-05 evening (this machine faster again: the baseline 21.3-21.7
+  s): `make bench ONLY=b,g` 31.7 / 21.7 s = 1.46x at `7b7dfbc`, 30.5 / 21.3 s = 1.43x after
+  the change below; 20,000 events 19.1 / 15.3 s = 1.25x. Layer by layer against the baseline:
+  bronze 4.8 s against 1.9, silver 14.0 against 11.2, gold 6.1 against 4.8, and 4.5-4.9 s from
+  the process's start to bronze's first line against a session up in 2.2 s. The CPU of every
+  thread of a fresh run-all, sampled each 0.25 s from /proc: up to bronze's end (10 s) the two
+  cores are 88-95% busy, but bronze's tasks use 0.3-1.1 of them; the rest is the JVM's threads
+  serving Python (the session, the dozen table creations, the dimension's load, planning:
+  0.6-1.1 cores), C1 compiling (0.25-0.5) and GC; from silver's parse on, tasks take nearly both
+  cores. Over the run: tasks 27.5 core-s, the Python-serving threads 7.2, the JIT 5.0, the
+  Python driver 2.9, GC 1.9, the streaming threads 1.8. A fresh table's creation costs 0.96 s
+  for the first (a cold Delta) and 0.11-0.2 s for each after it, warm.
+  Parquet started every column of a file with a dictionary and fell back to plain values once
+  it outgrew 1 MB: bronze's record bytes, silver's event ids and event times are nearly all
+  distinct, so every file held them as PLAIN_DICTIONARY then PLAIN, the dictionary's work spent.
+  They are now written plain from the start (`common.spark.plain_encoded`: Parquet's
+  per-column `parquet.enable.dictionary#<column>`; the profile's timestamps too): fresh
+  run-all, four pairs alternated, 29.38 -> 29.05 s (every pair faster), silver 14.28 -> 13.88
+  s, the timestamps' column chunks smaller (834 -> 674 KB in a 99,403-row file). Measured and
+  dropped that day: the rest of Parquet's per-value work (page checksums, size statistics,
+  min/max of the record bytes; a warm write of bronze's 124,711 rows is 0.30-0.31 s with or
+  without each), the driver's heap at its full size from the start (`-Xms4g`: 27.9-28.2 s
+  against 27.8-28.6), C1's compile thresholds scaled by 3 or 0.5 (29.3-29.4 and 28.8-29.1 s
+  against 28.3-29.1), and a shorter interval for handing Python's GIL over (the GX import on a
+  thread during start-up: 29.0-31.6 s against 29.0-30.8).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
