@@ -672,8 +672,10 @@ Where the time goes is fixed costs, not rows:
   silver the same, the run 30.0 against 30.8 s, three pairs) and `translate` for the
   timestamps' upper-casing (slower than `upper`, which costs 0.13 s per million texts).
 - (g) at 200,000 events, 2026-12-05 evening (this machine faster again: the baseline 21.3-21.7
-  s): `make bench ONLY=b,g` 31.7 / 21.7 s = 1.46x at `7b7dfbc`, 30.5 / 21.3 s = 1.43x after
-  the change below; 20,000 events 19.1 / 15.3 s = 1.25x. Layer by layer against the baseline:
+  s): `make bench ONLY=b,g` 31.7 / 21.7 s = 1.46x at `7b7dfbc`; after the change below 1.43x,
+  1.33x and 1.39x (30.4 / 22.9 s, 30.1 / 21.7 s), and at 20,000 events 19.1 / 15.3 s = 1.25x and
+  20.1 / 14.7 s = 1.37x: the pipeline's fixed costs do not shrink when the machine speeds up, so
+  the ratio grows on a fast evening. Layer by layer against the baseline (the 1.43x run):
   bronze 4.8 s against 1.9, silver 14.0 against 11.2, gold 6.1 against 4.8, and 4.5-4.9 s from
   the process's start to bronze's first line against a session up in 2.2 s. The CPU of every
   thread of a fresh run-all, sampled each 0.25 s from /proc: up to bronze's end (10 s) the two
