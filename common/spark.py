@@ -85,14 +85,15 @@ def ships_jars(cfg: Config) -> bool:
     return master is None or not master.startswith("local")
 
 
-# Parquet's per-column setting (a Hadoop key with the column after '#'): it applies to a column of
-# that name in any table, and every table here that has one of these holds distinct values in it.
-PLAIN_ENCODED = ("raw", "raw_bytes", "event_id", "event_time")
-
-
 def plain_encoded(cfg: Config) -> dict[str, str]:
-    """Spark settings that write these columns, and the profile's timestamps, without a dictionary."""
-    columns = {*PLAIN_ENCODED, *(f.name for f in cfg.profile.fields if f.type == "timestamp")}
+    """Spark settings that write a record's bytes, the event id and event times (silver's and the
+    profile's timestamps) without a dictionary. Parquet's per-column setting is a Hadoop key with
+    the column after '#': it applies to a column of that name in any table, and every table here
+    that has one of these holds distinct values in it."""
+    from common.raw_bytes import RAW, RAW_BYTES
+
+    columns = {RAW, RAW_BYTES, "event_id", "event_time",
+               *(f.name for f in cfg.profile.fields if f.type == "timestamp")}
     return {f"spark.hadoop.parquet.enable.dictionary#{c}": "false" for c in sorted(columns)}
 
 
