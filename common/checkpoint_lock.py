@@ -10,7 +10,8 @@ lease is taken over (a restart waits at most one ttl). A holder that ran on this
 needs no watching: the lease names its process (the kernel's boot, pid namespace, user, pid and
 start time) and the children it had when it last wrote the lease, and every process it starts
 after taking the lease carries its name in its environment: its JVM, which writes the
-checkpoint, is one or the other. When none of them runs any more, the lease is taken over at once.
+checkpoint, is one or the other. When none of them runs any more, the lease is taken over at once,
+or, when one still ran as the start looked (a JVM still dying after a kill -9), as soon as none does.
 Two instances starting at the same moment both write
 their lease; each waits `lease_settle`, reads it back, and only the one whose write landed last
 goes on (S3 reads are strongly consistent since 2020). Expiry is judged by the wall clock, so
@@ -229,6 +230,14 @@ class _Lease:
                 if now.get("owner") != lease["owner"] or float(now.get("expires", 0)) != expires:
                     holder = now.get("owner", "another process")
                     raise CheckpointBusy(_refusal(self.path.with_suffix(""), f"{holder} (it renews its lease)"))
+                # A holder of this machine killed just before (a crash, then an immediate restart)
+                # can still be dying when the start looks: its JVM tearing down gigabytes of heap,
+                # or dead and not yet reaped. Gone since, it need not be watched until expiry.
+                if _gone(lease.get("process"), self.process):
+                    log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, which "
+                             "no longer runs on this machine: taken over",
+                             extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
+                    break
         self._write()
         time.sleep(self.settle)
         lease = self._read() or {}

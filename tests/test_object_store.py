@@ -10,12 +10,14 @@ holds the checkpoint lease and checks that another instance is refused before Sp
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -160,20 +162,32 @@ def test_a_second_instance_on_an_s3a_checkpoint_is_refused(s3_env, logged, lock_
 
     # A process the dead holder started still runs (a job's JVM, finishing what it wrote), started
     # after it took the lease (a pipeline's) or before (a refresh's): the lease is watched until
-    # it expires, then taken over.
-    for child in ("after", "before"):
+    # it expires, then taken over; or, when that process ends while it is watched (a JVM still
+    # dying when a restart looked), as soon as it has.
+    ttl = cfg.object_store.lease_ttl.seconds
+    for child, dies_after in (("before", None), ("after", 2.0)):
         with lock_holder(s3_env, child=child) as holder:
             pass
         logged.clear()
+        killer = dies_after and threading.Timer(dies_after, os.kill, (holder.child, signal.SIGKILL))
         try:
             assert [h for h in live_leases(cfg) if f"pid {holder.pid} " in h], child
             started = time.monotonic()
+            if killer:
+                killer.start()
             with CheckpointLocks(cfg, ["silver"]):
                 waited = time.monotonic() - started
         finally:
-            os.kill(holder.child, signal.SIGKILL)
+            if killer:
+                killer.join()
+            with contextlib.suppress(ProcessLookupError):     # (the timer's kill ended it)
+                os.kill(holder.child, signal.SIGKILL)
         assert any("waiting up to" in m for m in logged.messages), (child, logged.messages)
-        assert cfg.object_store.lease_ttl.seconds / 2 < waited <= cfg.object_store.lease_ttl.seconds + 5, child
+        if dies_after:
+            assert any("which no longer runs on this machine: taken over" in m for m in logged.messages), logged.messages
+            assert dies_after <= waited < ttl / 2, waited
+        else:
+            assert ttl / 2 < waited <= ttl + 5, child
 
     # A lease from another machine (another boot of a kernel) is watched until it expires too.
     with CheckpointLocks(cfg, ["silver"]):
