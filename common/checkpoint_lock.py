@@ -171,6 +171,9 @@ def _gone(holder: dict | None, here: dict | None) -> bool:
     return not _descendant_running(_token(holder))
 
 
+GONE = "which no longer runs on this machine"
+
+
 class _Lease:
     def __init__(self, path: ObjectPath, ttl: float, settle: float):
         self.path, self.ttl, self.settle = path, ttl, settle
@@ -206,15 +209,18 @@ class _Lease:
         if left <= 0:
             return f"expired {-left:.0f} s ago"
         if _gone(lease.get("process"), self.process):
-            return "which no longer runs on this machine"
+            return GONE
         return None
+
+    def _log_takeover(self, lease: dict, why: str) -> None:
+        log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, {why}: taken over",
+                 extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
 
     def acquire(self) -> None:
         lease = self._read()
         taken = self._takeover(lease)
         if taken:
-            log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, {taken}: taken over",
-                     extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
+            self._log_takeover(lease, taken)
         elif self._other(lease):      # live, or dead elsewhere
             # Live or dead? A running holder renews within a third of the ttl; one killed with -9
             # never will. Watch it until it expires (at most one ttl) and refuse if it is renewed.
@@ -234,9 +240,7 @@ class _Lease:
                 # can still be dying when the start looks: its JVM tearing down gigabytes of heap,
                 # or dead and not yet reaped. Gone since, it need not be watched until expiry.
                 if _gone(lease.get("process"), self.process):
-                    log.info(f"checkpoint {self.path.with_suffix('')}: lease held by {lease['owner']}, which "
-                             "no longer runs on this machine: taken over",
-                             extra=fields(event="lease_takeover", lease=str(self.path), holder=lease["owner"]))
+                    self._log_takeover(lease, GONE)
                     break
         self._write()
         time.sleep(self.settle)
