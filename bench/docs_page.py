@@ -675,7 +675,8 @@ Where the time goes is fixed costs, not rows:
   s): `make bench ONLY=b,g` 31.7 / 21.7 s = 1.46x at `7b7dfbc`; after the change below 1.43x,
   1.33x and 1.39x (30.4 / 22.9 s, 30.1 / 21.7 s), and at 20,000 events 19.1 / 15.3 s = 1.25x and
   20.1 / 14.7 s = 1.37x: the pipeline's fixed costs do not shrink when the machine speeds up, so
-  the ratio grows on a fast evening. Layer by layer against the baseline (the 1.43x run):
+  the ratio grows on a fast evening. Two hours later, the machine slower again (the baseline
+  24.5 s): 31.6 / 24.5 s = 1.29x at 200,000 events and 22.1 / 17.9 s = 1.23x at 20,000. Layer by layer against the baseline (the 1.43x run):
   bronze 4.8 s against 1.9, silver 14.0 against 11.2, gold 6.1 against 4.8, and 4.5-4.9 s from
   the process's start to bronze's first line against a session up in 2.2 s. The CPU of every
   thread of a fresh run-all, sampled each 0.25 s from /proc: up to bronze's end (10 s) the two
