@@ -699,6 +699,18 @@ Where the time goes is fixed costs, not rows:
   against 27.8-28.6), C1's compile thresholds scaled by 3 or 0.5 (29.3-29.4 and 28.8-29.1 s
   against 28.3-29.1), and a shorter interval for handing Python's GIL over (the GX import on a
   thread during start-up: 29.0-31.6 s against 29.0-30.8).
+- (g) at 2026-12-05 23:20 (`9da8ba6`): `make bench ONLY=b,g` 36.7 / 23.9 s = 1.54x at 200,000
+  events (CPU 57.7 / 34.8 core-s, tasks 33.2 / 20.2) and 23.5 / 17.6 s = 1.34x at 20,000. Where
+  the driver's Python threads waited for the JVM in a fresh 200,000-event `run-all` (py-spy over
+  every thread at 50 samples/s, waits in `awaitTermination` left out; thread-seconds, which
+  overlap): Delta appends 17.7 s (the batches' writes and commits), the batches' counting passes
+  16.0, table creations at start-up 10.5 (four threads beside bronze), the progress log's
+  appends 5.9 (its own thread, every 5 s), silver's dimension read ahead 4.7 and its seed 3.0,
+  the gate's metrics 2.1, catalog registrations 1.7, the session 1.6; the Python driver's own
+  CPU: the GX import 2.3 s, the JVM's launch 1.3. The progress log's appends held to the end of
+  the run (`LAKEHOUSE__MONITORING__PROGRESS_FLUSH="600 seconds"`), three pairs alternated at
+  200,000 events: 31.0, 33.7, 35.6 s against 31.7, 33.5, 36.2 s, inside the noise (as at 20,000
+  events before): it stays off the batches' path.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
