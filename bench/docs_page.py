@@ -711,6 +711,28 @@ Where the time goes is fixed costs, not rows:
   the run (`LAKEHOUSE__MONITORING__PROGRESS_FLUSH="600 seconds"`), three pairs alternated at
   200,000 events: 31.0, 33.7, 35.6 s against 31.7, 33.5, 36.2 s, inside the noise (as at 20,000
   events before): it stays off the batches' path.
+- (g) at 2026-12-06 00:46 (`736e9ef`): 32.4 / 22.4 s = 1.45x at 200,000 events, and ten minutes
+  later 22.8 / 22.2 s = 1.03x at 20,000 (the baseline 5 s slower than in any run before, its
+  streaming engine 7.4 core-s against 4.8: one pair's ratio is a draw). A fresh 200,000-event
+  run-all with the driver's calls traced: from the process's start to bronze's first line 5.2 s
+  (imports and the layers' declaration 0.7, the session 2.8, bronze's and the accounting's
+  tables 1.7 on a cold Delta), bronze 4.9 s (its job 2.5 s, whose tasks ran 4.8 s for 1.9 s of
+  CPU: the dimension's seed, 3.4 s, and the creations of silver's, gold's and the ops tables,
+  0.7-1.2 s each, ran beside it), silver 13.6 s, gold 6.3 s; the baseline: its session 2.5 s,
+  bronze 2.3, silver 13.0, gold 5.9. Start-up and bronze are 5-6 s of the 10 s between them.
+  Tried that night: the tables' first commits written as files (the protocol, metadata and
+  commit info Delta's CREATE writes), with neither Delta's CREATE nor the catalog's
+  registration: bronze's first line 2 s sooner (3.3-3.5 s against 5.3-5.8), every run slower
+  (33.6-36.4 s against 31.1-33.6, three pairs alternated): registering a new table reads its log
+  into Delta's cache, and without it each layer's first write did that on its batch's path.
+  Dropped. The schema contract's share of silver's parse, on bronze's 124,711 records in a warm
+  session (the parse alone, task CPU, medians of six to nine alternated runs): 8.7-9.3 core-s
+  with the contract, 6.9 without, 6.6 for the baseline's parse. Of those 2 core-s, the scan for
+  undeclared keys about 0.65 (0.3 alone), the second read's expressions left in the plan 0.7,
+  the zip of each element with its map and the drift columns 0.5. The scan in a projection of
+  its own changed nothing (the generated code evaluates it once already); the drift columns
+  skip their work for an event with neither a map nor extra record keys (9.05 against 9.28
+  core-s, 7 of 8 pairs faster): kept.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
