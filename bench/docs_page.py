@@ -732,7 +732,11 @@ Where the time goes is fixed costs, not rows:
   the zip of each element with its map and the drift columns 0.5. The scan in a projection of
   its own changed nothing (the generated code evaluates it once already); the drift columns
   skip their work for an event with neither a map nor extra record keys (9.05 against 9.28
-  core-s, 7 of 8 pairs faster): kept.
+  core-s, 7 of 8 pairs faster): kept. Whole-stage codegen (off since `be067bb`) saved CPU on the
+  same parse and deduplication in a warm session, in every pair (medians 14.5 against 16.3
+  core-s), and lost in fresh run-alls: on for every batch that reads rows, 37.5-40.4 s against
+  33.2-37.2 (three pairs alternated), on for silver's pinned pass alone 30.8-38.3 against
+  29.7-32.9: compiling the fused classes on a cold JVM costs more than one run of them saves.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
