@@ -178,7 +178,14 @@ def event_columns(profile: Profile, element: Column, wrong_types: list[tuple[Col
     if c.wrong_type == "rescue":
         by_mode["rescue"] += [F.when(bad, F.create_map(F.lit(".".join(path)), value_at(element, path)))
                               for bad, path in wrong_types]
-    return {column: _union(by_mode[mode]) for mode, column in BY_MODE.items()}
+        return {column: _union(by_mode[mode]) for mode, column in BY_MODE.items()}
+    # Then every column is a function of the element's map and the record's extra keys alone,
+    # NULL when both are: an event of a record the scan let through unread (nearly all) skips
+    # their map and array work (0.2-0.3 of the 9 core-s of a 200,000-event parse).
+    found = element.isNotNull()
+    if c.record in by_mode and profile.explode_path:
+        found = found | F.col(RECORD_EXTRA).isNotNull()
+    return {column: F.when(found, _union(by_mode[mode])) for mode, column in BY_MODE.items()}
 
 
 def none() -> dict:
