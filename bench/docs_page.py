@@ -737,6 +737,27 @@ Where the time goes is fixed costs, not rows:
   core-s), and lost in fresh run-alls: on for every batch that reads rows, 37.5-40.4 s against
   33.2-37.2 (three pairs alternated), on for silver's pinned pass alone 30.8-38.3 against
   29.7-32.9: compiling the fused classes on a cold JVM costs more than one run of them saves.
+- (g) at 2026-12-06 05:11 (`aad0e29`): 32.0 / 23.0 s = 1.39x at 200,000 events (CPU 50.6 /
+  32.8 core-s: tasks 28.3 / 18.6, the driver's JVM serving Python's calls 7.4 / 2.2, Python 2.5 /
+  0.7, JIT 5.6 / 4.2, GC 2.2 / 1.2, the streaming engine 1.7 / 4.3) and 20.8 / 16.9 s = 1.23x at
+  20,000. A gold micro-batch at light load, job by job (the audit test's second round on a fresh
+  test JVM: 5 events, 2 of them late for gold, one query writing the three windowed tables and
+  the sessions; Spark's REST API): 6.6 s and 32 jobs. Its count and cache 0.4 s; then per
+  windowed table, the three side by side: Delta's file filtering for the fold's read of the
+  table's open rows 0.4-0.6 s, the fold (the batch's windows joined with those rows, two
+  exchanges and a sort-merge join) 1.2-1.3 s, the MERGE 2.0-2.9 s: its own file filtering
+  0.3-0.5, the join that finds the touched files 0.8, the state rebuild for its metrics
+  ("Compute snapshot", Delta 4.4) 0.2-0.3, the rewrite of the touched files 0.7-1.0; the
+  sessions' MERGE the same after them, 2.0 s; the late rows' append beside. Plain fresh gold
+  pays one MERGE per batch (the same four parts) and a streaming aggregation; the pipeline
+  pays a MERGE per table and a fold per windowed table. Warm, the same batch took 3.2-4.3 s
+  (the three rounds rebuilt ten times in one JVM: the first build 43.5 s, from the fifth 16-19 s).
+  Tried and not kept: shuffled hash joins instead of sort-merge joins
+  (`spark.sql.join.preferSortMergeJoin=false`: the third round's gold batch 4.9 / 4.9 s against
+  5.9 / 5.9 s in two fresh pairs, but within the noise in one warm JVM, three pairs alternated:
+  3.0-5.0 s against 3.1-4.5; the conversion at run time, `maxShuffledHashJoinLocalMapThreshold`
+  64 MB, the same), and Delta's data skipping off, so the filtering reads each version's file
+  list from its checksum without a job (warm, four pairs: 3.1-4.2 s against 3.2-4.3).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
