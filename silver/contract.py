@@ -165,7 +165,8 @@ def event_columns(profile: Profile, element: Column, wrong_types: list[tuple[Col
     the optional fields, rescued when the contract says so."""
     c = profile.contract
     by_mode: dict[str, list[Column]] = {m: [] for m in BY_MODE}
-    if c.record in by_mode and profile.explode_path:
+    record_extra = c.record in by_mode and profile.explode_path     # the record's keys reach its events
+    if record_extra:
         by_mode[c.record].append(F.col(RECORD_EXTRA))
     if c.element in by_mode:
         keys = F.array_except(F.map_keys(element), _names(_children(profile, ())))
@@ -183,7 +184,7 @@ def event_columns(profile: Profile, element: Column, wrong_types: list[tuple[Col
     # NULL when both are: an event of a record the scan let through unread (nearly all) skips
     # their map and array work (0.2-0.3 of the 9 core-s of a 200,000-event parse).
     found = element.isNotNull()
-    if c.record in by_mode and profile.explode_path:
+    if record_extra:
         found = found | F.col(RECORD_EXTRA).isNotNull()
     return {column: F.when(found, _union(by_mode[mode])) for mode, column in BY_MODE.items()}
 
