@@ -758,6 +758,28 @@ Where the time goes is fixed costs, not rows:
   3.0-5.0 s against 3.1-4.5; the conversion at run time, `maxShuffledHashJoinLocalMapThreshold`
   64 MB, the same), and Delta's data skipping off, so the filtering reads each version's file
   list from its checksum without a job (warm, four pairs: 3.1-4.2 s against 3.2-4.3).
+- (g) at 2026-12-06 07:38 (`5d2baaa`): 32.4 / 23.6 s = 1.37x at 200,000 events (CPU 51.2 / 34.7
+  core-s: tasks 28.8 / 19.3, the driver's JVM serving Python's calls 7.2 / 2.2) and 20.7 / 16.0 s
+  = 1.29x at 20,000; (f) in the same runs 7.4% at 200,000 and 14.0% at 20,000 (0.7 s of a 4.8-s
+  batch; 8.3-12.1% in the eleven 20,000-event runs since 2026-12-05): at 20,000 events silver's
+  gate is at its target's edge. Where a fresh 200,000-event `run-all`'s silver goes, its calls
+  timed in the driver: from bronze's end 1.5 s to the first call of its batch (the query's plan
+  built in Python, 0.6 s, of which the parse's expressions 0.43; Spark's start of the query and
+  the batch's planning 0.9), the batch's computation 10.3 s (its one pass over the rows 9.7-10,
+  the gate 0.65-1.0), the writes and commits 2.1 s, the watermark-only batch 0.3 s; gold the same:
+  its plan 0.23 s, then 0.2 s to its batch. Silver's gate alone, warm, on the 200,000 rows pinned
+  (`QualityGate.validate`, seven rounds after a first): 0.60-0.79 s and five jobs in two levels of
+  GX's metric graph (the column pair's counts and a `mostly` rule's sample of unexpected values,
+  then the aggregates of the other rules, each level a scan of the pinned rows), against 0.27-0.30
+  s for one aggregate of all five rules' counts: half the gate is its second scan, and folding the
+  rules' counts into the batch's one pass (GX then given them, as it is given the row count) would
+  take both off. Plans built while the layer before runs (silver's 0.6 s and gold's 0.23 s on the
+  path of an available-now run) are the other step measured and not yet taken. Tried and not kept:
+  the level's pair counts computed beside GX's own jobs (warm, seven rounds each after a first:
+  0.64-0.79 s against 0.60-0.79); `spark.sql.files.minPartitionNum` 4, bronze's files in more,
+  shorter tasks so silver's set-up jobs get a slot sooner (three pairs alternated: 31.8 / 29.4 /
+  29.9 s against 31.4 / 29.7 / 30.2); two task slots per core again (`make bench ONLY=b,f,g`: 30.1
+  / 22.9 s = 1.31x, the baseline faster too, as on 2026-12-04).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
