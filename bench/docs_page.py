@@ -773,13 +773,20 @@ Where the time goes is fixed costs, not rows:
   then the aggregates of the other rules, each level a scan of the pinned rows), against 0.27-0.30
   s for one aggregate of all five rules' counts: half the gate is its second scan, and folding the
   rules' counts into the batch's one pass (GX then given them, as it is given the row count) would
-  take both off. Plans built while the layer before runs (silver's 0.6 s and gold's 0.23 s on the
-  path of an available-now run) are the other step measured and not yet taken. Tried and not kept:
-  the level's pair counts computed beside GX's own jobs (warm, seven rounds each after a first:
-  0.64-0.79 s against 0.60-0.79); `spark.sql.files.minPartitionNum` 4, bronze's files in more,
-  shorter tasks so silver's set-up jobs get a slot sooner (three pairs alternated: 31.8 / 29.4 /
-  29.9 s against 31.4 / 29.7 / 30.2); two task slots per core again (`make bench ONLY=b,f,g`: 30.1
-  / 22.9 s = 1.31x, the baseline faster too, as on 2026-12-04).
+  take both off. Tried and not kept: the queries' plans built while the layer before runs
+  (`Ahead`: silver's plan and body made once its tables were, gold's once its were, both during
+  bronze's batch, and taken at the start if the source's read options and schema were unchanged):
+  silver's first batch began 0.8 s after bronze's end instead of 1.5, gold's 0.2 s after its start
+  instead of 0.45, but bronze's batch took as much longer (the plans' calls into the JVM need the
+  cores bronze's tasks use; four pairs alternated: 30.9 / 31.4 / 35.1 / 32.9 s against 29.2 / 31.4
+  / 33.2 / 33.2); bronze's per-file statistics on `ingest_time` alone instead of its nine lineage
+  columns (warm appends of the 200,000-event batch after a first, seven each: 0.68-0.75 s against
+  0.78-1.00; left as they are: they let a reader find a file's or a Kafka offset's rows without a
+  full scan); the level's pair counts computed beside GX's own jobs (warm, seven rounds each after
+  a first: 0.64-0.79 s against 0.60-0.79); `spark.sql.files.minPartitionNum` 4, bronze's files in
+  more, shorter tasks so silver's set-up jobs get a slot sooner (three pairs alternated: 31.8 /
+  29.4 / 29.9 s against 31.4 / 29.7 / 30.2); two task slots per core again (`make bench
+  ONLY=b,f,g`: 30.1 / 22.9 s = 1.31x, the baseline faster too, as on 2026-12-04).
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
