@@ -248,7 +248,9 @@ class QualityGate:
         which would otherwise count the rows in a level of their own: a clean gold table whose
         rules are all single-column gated in four jobs, and now in one. A column-pair rule is
         computed outside GX's bundles: its two counts, a job each in GX, are one aggregate
-        here (_pair_counts), one job more for a clean batch instead of two."""
+        here, which also computes the single-column rules' aggregates GX would scan the batch
+        for again one level later (_fewer_jobs): silver's clean batch of 200,000 events gated
+        in three jobs instead of five, 0.47-0.59 s instead of 0.60-0.79 warm."""
         if rows is not None and rows < self.one_task_below_rows:
             df = df.coalesce(1)
         first = {rule.name: "BOOLEAN_ONLY" if rule.name in self._implied else self._detail_format(rule)
@@ -321,50 +323,111 @@ def _per_rule_format_validator():
 def _fewer_jobs(engine, resolve, rows: int | None):
     """An execution engine's `resolve_metrics` (the one entry point GX's metric graph calls it
     by) that answers the whole batch's row count (table.row_count without a row condition)
-    with `rows` when known, computes each column-pair rule's two counts in one job
-    (_pair_counts), and resolves every other metric as the engine does."""
+    with `rows` when known, and scans the batch once where GX scans it twice: the level of the
+    graph that asks for the column-pair rules' counts (GX: two jobs per rule, outside its
+    bundles) also asks for the aggregate functions of the single-column rules, whose bundle GX
+    then runs as a job of its own one level later. Here one aggregate computes both, by GX's
+    own conditions and aggregate functions (_one_pass), and the next level's bundled metrics
+    get their values from it. Every other metric is resolved as the engine does."""
+    early: dict = {}        # an aggregate function's metric id -> its value, computed a level early
+
     def resolve_metrics(metrics_to_resolve, metrics=None, runtime_configuration=None):
-        todo = list(metrics_to_resolve)
+        todo, metrics = list(metrics_to_resolve), metrics or {}
         given = {} if rows is None else {m.id: rows for m in todo if m.metric_name == "table.row_count"
                                          and not (m.metric_domain_kwargs or {}).get("row_condition")}
-        given.update(_pair_counts(engine, todo, metrics or {}))
-        rest = [m for m in todo if m.id not in given]
+        for m in todo:
+            partial = (m.metric_dependencies or {}).get("metric_partial_fn")
+            if partial is not None and partial.id in early and _bundled(engine, m):
+                given[m.id] = early[partial.id]
+        pairs = _pair_counts(todo, metrics)
+        rest = [m for m in todo if m.id not in given and m.id not in pairs.counted]
         found = resolve(metrics_to_resolve=rest, metrics=metrics,
                         runtime_configuration=runtime_configuration) if rest else {}
+        if pairs.by_condition:
+            aggregates = {m.id: found[m.id] for m in rest if m.metric_name.endswith(".aggregate_fn")
+                          and m.id in found and _whole_batch(found[m.id][1])
+                          and not (rows is not None and m.metric_name == "table.row_count.aggregate_fn")}
+            counts, values = _one_pass(engine, pairs.by_condition, metrics, aggregates)
+            given.update(counts)
+            early.update(values)
         return {**found, **given}
 
     return resolve_metrics
 
 
+def _bundled(engine, metric) -> bool:
+    """Whether GX computes `metric` as the value of its aggregate function's bundle (a metric
+    provider with no function of its own), which a value computed earlier can then stand for."""
+    from great_expectations.expectations.registry import get_metric_provider
+
+    return get_metric_provider(metric_name=metric.metric_name, execution_engine=engine)[1] is None
+
+
+def _whole_batch(domain_kwargs: dict) -> bool:
+    """A compute domain that is the whole batch: no row condition, no filter, no column pair."""
+    return not any((domain_kwargs or {}).get(k) for k in
+                   ("row_condition", "filter_conditions", "column_A", "column_list", "ignore_row_if"))
+
+
 PAIR_COUNTS = ("unexpected_count", "filtered_row_count")
+# GX's column-pair domain drops the rows its `ignore_row_if` names (SparkDFExecutionEngine.get_domain_records).
+PAIR_IGNORED = {"both_values_are_missing": lambda a, b: a.isNull() & b.isNull(),
+                "either_value_is_missing": lambda a, b: a.isNull() | b.isNull(),
+                "neither": None}
 
 
-def _pair_counts(engine, todo, metrics: dict) -> dict:
-    """A column-pair rule's unexpected_count and filtered_row_count, which GX computes as two
-    counts of the same rows (its domain records, less those `ignore_row_if` drops), each a Spark
-    job of its own outside its aggregate bundles: here one aggregate gives both, by GX's own
-    condition and domain records. A pair whose condition is not at hand is left to GX."""
-    from pyspark.sql import functions as F
+@dataclass
+class PairCounts:
+    by_condition: dict          # the rule's condition (a metric id) -> {PAIR_COUNTS suffix: metric}
+    counted: set                # the ids of those metrics
 
-    pairs: dict[str, dict] = {}         # the rule's condition (a metric id) -> its two counts
+
+def _pair_counts(todo, metrics: dict) -> PairCounts:
+    """The column-pair rules' unexpected_count and filtered_row_count among `todo`, which GX
+    computes as two counts of the same rows (its domain records, less those `ignore_row_if`
+    drops), each a Spark job of its own: _one_pass counts both, by GX's own condition. A pair
+    whose condition is not at hand, or whose domain holds a row condition or filter, is left
+    to GX."""
+    pairs: dict[str, dict] = {}
     for m in todo:
         suffix = m.metric_name.rpartition(".")[2]
         condition = (m.metric_dependencies or {}).get("unexpected_condition")
+        domain = m.metric_domain_kwargs or {}
         if suffix in PAIR_COUNTS and condition is not None and condition.id in metrics \
-                and {"column_A", "column_B"} <= set(m.metric_domain_kwargs or {}):
+                and {"column_A", "column_B"} <= set(domain) and domain.get("ignore_row_if") in PAIR_IGNORED \
+                and not domain.get("row_condition") and not domain.get("filter_conditions"):
             pairs.setdefault(condition.id, {})[suffix] = m
-    out = {}
-    for condition_id, pair in pairs.items():
-        if len(pair) < 2:
-            continue
+    pairs = {c: pair for c, pair in pairs.items() if len(pair) == len(PAIR_COUNTS)}
+    return PairCounts(pairs, {m.id for pair in pairs.values() for m in pair.values()})
+
+
+def _one_pass(engine, pairs: dict, metrics: dict, aggregates: dict) -> tuple[dict, dict]:
+    """One aggregate over the batch: each column pair's row and unexpected counts (`pairs`:
+    PairCounts.by_condition), and GX's aggregate functions (`aggregates`: metric id -> (its
+    aggregate column, domain, accessor), all on the whole batch). Returns the pairs' counts by
+    metric id, and the aggregate functions' values by metric id, as GX's bundle gives them."""
+    from great_expectations.util import convert_to_json_serializable
+    from pyspark.sql import functions as F
+
+    batch = None
+    columns, slots = [], []
+    for i, (condition_id, pair) in enumerate(pairs.items()):
         condition, compute_kwargs, accessor_kwargs = metrics[condition_id]
-        records = engine.get_domain_records(domain_kwargs={**compute_kwargs, **accessor_kwargs})
-        # As GX: the condition as a column first (it may be a window function), true counts.
-        n, unexpected = (records.withColumn("__unexpected", condition)
-                         .agg(F.count(F.lit(1)), F.count_if(F.col("__unexpected") == True))  # noqa: E712
-                         .first())
-        out[pair["filtered_row_count"].id], out[pair["unexpected_count"].id] = n, unexpected
-    return out
+        domain = {**compute_kwargs, **accessor_kwargs}
+        if batch is None:
+            batch = engine.get_domain_records(domain_kwargs={"batch_id": domain.get("batch_id")})
+        # As GX: the condition as a column first, true counts. Every column-pair condition GX
+        # has is row-wise (no window function), so the pair's rows are those its own
+        # `ignore_row_if` keeps, counted over the whole batch beside the other aggregates.
+        flag = f"__unexpected_{i}"
+        batch = batch.withColumn(flag, condition)
+        ignored = PAIR_IGNORED[domain["ignore_row_if"]]
+        kept = F.lit(True) if ignored is None else ~ignored(F.col(domain["column_A"]), F.col(domain["column_B"]))
+        columns += [F.count_if(kept), F.count_if(kept & (F.col(flag) == True))]  # noqa: E712
+        slots += [pair["filtered_row_count"].id, pair["unexpected_count"].id]
+    row = batch.agg(*columns, *[fn for fn, _, _ in aggregates.values()]).first()
+    counts = dict(zip(slots, row[:len(slots)]))
+    return counts, {mid: convert_to_json_serializable(data=v) for mid, v in zip(aggregates, row[len(slots):])}
 
 
 def result_json_of(r) -> str:
