@@ -340,7 +340,8 @@ def _fewer_jobs(engine, resolve, rows: int | None):
             if partial is not None and partial.id in early and _bundled(engine, m):
                 given[m.id] = early[partial.id]
         pairs = _pair_counts(todo, metrics)
-        rest = [m for m in todo if m.id not in given and m.id not in pairs.counted]
+        counted = pairs.counted
+        rest = [m for m in todo if m.id not in given and m.id not in counted]
         found = resolve(metrics_to_resolve=rest, metrics=metrics,
                         runtime_configuration=runtime_configuration) if rest else {}
         if pairs.by_condition:
@@ -363,10 +364,14 @@ def _bundled(engine, metric) -> bool:
     return get_metric_provider(metric_name=metric.metric_name, execution_engine=engine)[1] is None
 
 
+def _unfiltered(domain_kwargs: dict, *also: str) -> bool:
+    """A domain with no row condition and no filter (nor any of the keys `also` names)."""
+    return not any((domain_kwargs or {}).get(k) for k in ("row_condition", "filter_conditions", *also))
+
+
 def _whole_batch(domain_kwargs: dict) -> bool:
-    """A compute domain that is the whole batch: no row condition, no filter, no column pair."""
-    return not any((domain_kwargs or {}).get(k) for k in
-                   ("row_condition", "filter_conditions", "column_A", "column_list", "ignore_row_if"))
+    """A compute domain that is the whole batch: unfiltered, and no column pair or list."""
+    return _unfiltered(domain_kwargs, "column_A", "column_list", "ignore_row_if")
 
 
 PAIR_COUNTS = ("unexpected_count", "filtered_row_count")
@@ -379,7 +384,11 @@ PAIR_IGNORED = {"both_values_are_missing": lambda a, b: a.isNull() & b.isNull(),
 @dataclass
 class PairCounts:
     by_condition: dict          # the rule's condition (a metric id) -> {PAIR_COUNTS suffix: metric}
-    counted: set                # the ids of those metrics
+
+    @property
+    def counted(self) -> set:
+        """The ids of those metrics."""
+        return {m.id for pair in self.by_condition.values() for m in pair.values()}
 
 
 def _pair_counts(todo, metrics: dict) -> PairCounts:
@@ -395,10 +404,10 @@ def _pair_counts(todo, metrics: dict) -> PairCounts:
         domain = m.metric_domain_kwargs or {}
         if suffix in PAIR_COUNTS and condition is not None and condition.id in metrics \
                 and {"column_A", "column_B"} <= set(domain) and domain.get("ignore_row_if") in PAIR_IGNORED \
-                and not domain.get("row_condition") and not domain.get("filter_conditions"):
+                and _unfiltered(domain):
             pairs.setdefault(condition.id, {})[suffix] = m
     pairs = {c: pair for c, pair in pairs.items() if len(pair) == len(PAIR_COUNTS)}
-    return PairCounts(pairs, {m.id for pair in pairs.values() for m in pair.values()})
+    return PairCounts(pairs)
 
 
 def _one_pass(engine, pairs: dict, metrics: dict, aggregates: dict) -> tuple[dict, dict]:
