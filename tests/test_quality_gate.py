@@ -203,7 +203,7 @@ def test_the_single_column_rules_are_counted_in_the_column_pair_s_scan(spark, su
     aggregate functions of the single-column rules, whose bundle GX would scan the batch for
     one level later: one aggregate computes both, and GX's bundled metrics take its values.
     GX's own outcomes all the same, clean or not; one job fewer than with the bundle left to
-    GX, which is all silver's gate scans on a clean batch besides a `mostly` rule's sample."""
+    GX."""
     df = spark.createDataFrame(rows(bad_device=bad), SCHEMA).repartition(3).cache()
     df.count()
     oracle = gx_complete(suite, df)
@@ -213,3 +213,47 @@ def test_the_single_column_rules_are_counted_in_the_column_pair_s_scan(spark, su
     left, gx_jobs = gate_jobs(spark, Q.QualityGate(suite, one_task_below_rows=13), df, 12)
     same_as_gx(left, oracle, 12)
     assert jobs < gx_jobs, (jobs, gx_jobs)
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_not_null_rule_s_sample_of_unexpected_values_comes_from_its_count(spark, bad, tmp_path, monkeypatch):
+    """A not-null rule's unexpected values are all NULL: a `mostly` rule's sample (or a failed
+    rule's list) is that many NULLs, up to GX's limit, and needs no job that filters the batch
+    for them. Its count is then computed a level early, in one aggregate with the other
+    single-column rules' (no column pair needed): a clean batch of known size gates in one job
+    where GX takes two, GX's own results all the same."""
+    nulls = [{"name": "zip_mostly_known", "expectation": "expect_column_values_to_not_be_null",
+              "kwargs": {"column": "zip_code", "mostly": 0.5}, "policy": "warn"},
+             {"name": "zip_present", "expectation": "expect_column_values_to_not_be_null",
+              "kwargs": {"column": "zip_code"}, "policy": "fail"},
+             {"name": "device_well_formed", "expectation": "expect_column_values_to_match_regex",
+              "kwargs": {"column": "device_id", "regex": "^cam-[0-9]{4}$"}, "policy": "quarantine"}]
+    if not bad:
+        nulls = [r for r in nulls if r["name"] != "zip_present"]
+    path = tmp_path / "nulls.yaml"
+    path.write_text(yaml.safe_dump({"suite": "nulls", "table": "silver.t", "row_id": "event_id",
+                                    "expectations": nulls}))
+    null_suite = Q.load_suites(path)["silver.t"]
+    data = rows() * 2 if bad else rows()        # 6 NULLs of 24: more than a sample holds
+    n = len(data)
+    df = spark.createDataFrame(data, SCHEMA).repartition(3).cache()
+    df.count()
+    oracle = gx_complete(null_suite, df)
+    outcomes, jobs = gate_jobs(spark, Q.QualityGate(null_suite, one_task_below_rows=n + 1), df, n)
+    same_as_gx(outcomes, oracle, n)
+    for o in outcomes:
+        mine, full = o.gx_result.result or {}, oracle[o.rule.name].result
+        for key in ("partial_unexpected_list", "unexpected_list"):
+            if key in mine:
+                assert mine[key] == full[key][:len(mine[key])], (o.rule.name, key)
+    sample = next(o for o in outcomes if o.rule.name == "zip_mostly_known").sample
+    assert sample == [None] * (Q.SAMPLE_ROWS if bad else 3)
+    if bad:
+        zip_present = next(o for o in outcomes if o.rule.name == "zip_present").gx_result.result
+        assert zip_present["unexpected_list"] == [None] * 6 and zip_present["unexpected_count"] == 6
+    monkeypatch.setattr(Q, "_null_samples", lambda todo: {})           # GX samples them itself
+    left, gx_jobs = gate_jobs(spark, Q.QualityGate(null_suite, one_task_below_rows=n + 1), df, n)
+    same_as_gx(left, oracle, n)
+    assert jobs < gx_jobs, (jobs, gx_jobs)
+    if not bad:
+        assert (jobs, gx_jobs) == (1, 2)
