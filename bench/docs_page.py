@@ -805,6 +805,33 @@ Where the time goes is fixed costs, not rows:
   1.08x / 1.06x (1.06x / 1.05x); (h) at the heavy rate gold 1.2 s (3 batches), silver 1.6 s (1),
   against 0.9 s (6) and 0.75 s (1) at 05:55: empty batches behind saturated cores, which the gate
   (run only on batches with rows) does not touch.
+- A not-null rule's sample taken from its count (2026-12-06, `0e0c9e6`): what silver's gate still
+  scanned the batch for besides its one aggregate was the `mostly` rule's sample of unexpected
+  values (`device_location_known`), GX's filter of the batch for rows whose `zip_code` is NULL,
+  limited to five: on a batch with none it reads every row, in two jobs (Spark's limit tries one
+  partition, then the rest). A not-null rule's unexpected values are all NULL, so its count gives
+  the sample; the count is computed in the gate's one aggregate, now also when a suite has no
+  column pair (`_null_samples`; GX's own results, tested against GX's validation with NULLs and
+  without, and a failed rule's full list). The gate alone on 200,000 pinned rows in two partitions
+  (`QualityGate.validate`, silver's suite, seven warm rounds after a first, alternated twice):
+  without a NULL 4 jobs, 0.49-0.68 s and 0.40-0.46 s before, 2 jobs, 0.27-0.34 s after; with 2%
+  NULLs 3 jobs, 0.29-0.52 s before, 2 jobs, 0.27-0.33 s after. `make bench ONLY=b,f,g` after it
+  (11:30-11:34): (f) 5.3% at 200,000 events (0.5 s of 9.3 s, twice) and 5.5% at 20,000 (0.3 s of
+  4.7 s); (g) 27.8 / 21.2 s = 1.31x and 26.9 / 20.6 s = 1.31x at 200,000 (CPU 43.4 / 30.8 core-s:
+  tasks 25.2 / 17.4, the driver's JVM serving Python's calls 5.0 / 1.9, Python 2.2 / 0.6, Python
+  workers 1.0 / 0, JIT 4.6 / 3.6, GC 2.2 / 1.3, the streaming engine 1.5 / 4.5), 18.8 / 14.0 s =
+  1.34x at 20,000 (25.0 / 17.6 core-s: calls from Python 5.2 / 1.7, tasks 8.6 / 5.5, JIT 4.4 /
+  3.3). (d) after it (11:35-12:03, a faster hour than 08:27: plain's p95 to silver 10.19 s against
+  18.57): heavy silver 19.74 / 10.19 s = 1.94x, gold 31.37 / 14.17 s = 2.21x; light 1.02x / 1.02x;
+  (h) at the heavy rate gold 0.55 s (10 batches), silver 0.91 s (1). What the driver's JVM spends
+  serving Python beyond plain Spark's at 20,000 events (3.5 core-s) is mostly the tables' creation
+  on a fresh lakehouse: Delta's CREATE TABLE (`DeltaTableBuilder.execute`) takes 0.89 s and 1.29
+  JVM core-s for the first table of a new JVM, then 0.10 s of wall and 0.12-0.18 core-s for each
+  next one (24 warm creations: 2.48 s of 2.90, the catalog's registration 0.27, the existence
+  check 0.02; Delta's checksum file off: the same), and a fresh `run-all` creates thirteen. Left:
+  writing a new table's first commit without Delta's command would take that off, but it would be
+  this project's own Delta writer, its protocol choice (CDF and CHECK constraints move a table to
+  writer version 7 with table features) to keep equal to Delta's for every reader.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
