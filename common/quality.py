@@ -354,9 +354,9 @@ def _fewer_jobs(engine, resolve, rows: int | None):
             counts, values = _one_pass(engine, pairs.by_condition, metrics, aggregates)
             given.update(counts)
             early.update(values)
-            left = [m for m in todo if m.id in nulls and nulls[m.id] not in values]
             given.update({m.id: _nulls(m, values[nulls[m.id]]) for m in todo
                           if m.id in nulls and nulls[m.id] in values})
+            left = [m for m in todo if m.id in nulls and m.id not in given]
             if left:                      # a count not folded after all: GX samples the rows
                 found.update(resolve(metrics_to_resolve=left, metrics=metrics,
                                      runtime_configuration=runtime_configuration))
@@ -365,7 +365,8 @@ def _fewer_jobs(engine, resolve, rows: int | None):
     return resolve_metrics
 
 
-NULL_SAMPLE, NULL_COUNT = "column_values.nonnull.unexpected_values", "column_values.nonnull.unexpected_count.aggregate_fn"
+NULL_SAMPLE = "column_values.nonnull.unexpected_values"
+NULL_COUNT = "column_values.nonnull.unexpected_count.aggregate_fn"
 
 
 def _null_samples(todo) -> dict:
