@@ -453,16 +453,15 @@ def _one_pass(engine, pairs: dict, metrics: dict, aggregates: dict) -> tuple[dic
     from great_expectations.util import convert_to_json_serializable
     from pyspark.sql import functions as F
 
-    if not pairs and not aggregates:
+    # Every metric of one validation is on the same batch: any compute domain names it.
+    computed = [metrics[c][1] for c in pairs] + [domain for _, domain, _ in aggregates.values()]
+    if not computed:
         return {}, {}
-    batch = None if pairs else engine.get_domain_records(
-        domain_kwargs={"batch_id": next(iter(aggregates.values()))[1].get("batch_id")})
+    batch = engine.get_domain_records(domain_kwargs={"batch_id": computed[0].get("batch_id")})
     columns, slots = [], []
     for i, (condition_id, pair) in enumerate(pairs.items()):
         condition, compute_kwargs, accessor_kwargs = metrics[condition_id]
         domain = {**compute_kwargs, **accessor_kwargs}
-        if batch is None:
-            batch = engine.get_domain_records(domain_kwargs={"batch_id": domain.get("batch_id")})
         # As GX: the condition as a column first, true counts. Every column-pair condition GX
         # has is row-wise (no window function), so the pair's rows are those its own
         # `ignore_row_if` keeps, counted over the whole batch beside the other aggregates.
