@@ -833,24 +833,6 @@ Where the time goes is fixed costs, not rows:
   without Delta's command would take that off, but it would be this project's own Delta writer,
   its protocol choice (CDF and CHECK constraints move a table to writer version 7 with table
   features) to keep equal to Delta's for every reader.
-- The throughput collector's heap at full size from the start (2026-12-06, `73c3434`): with
-  `-XX:+UseParallelGC` (available-now runs), a fresh 200,000-event `run-all` paid three full
-  collections, each stopping every thread for 0.14-0.28 s: one when class metadata first passed
-  the JVM's 21 MB threshold (`Metadata GC Threshold`), two as the heap, started at 1/64 of the
-  machine's memory, grew under the batches (`Ergonomics`). Now the driver JVM starts with
-  `-XX:MetaspaceSize=256m -Xms` at `spark.driver.memory` (spark-submit's `-Xmx`): no full
-  collection, 21-24 young ones. GC logs (`-Xlog:gc`) of three alternated runs of each, 200,000
-  events: pauses 1.21-1.47 s with 3 full collections before, 0.83-0.84 s with none after (each
-  flag alone removed one kind: 1.02-1.16 s, 2 full); `run-all` 27.84 / 27.19 / 26.89 s before,
-  26.81 / 25.97 / 26.21 after; at 20,000 events 17.94 / 17.69 / 17.69 s before, 17.51 / 17.31 /
-  16.88 after. The plain baseline, which gets the same flags (its session is the pipeline's
-  `build_spark`), allocates less and did not change: 20.11 / 20.14 / 21.18 s before, 20.17 / 20.71
-  / 21.69 after; 14.20 / 14.66 / 14.18 s and 14.66 / 14.20 / 14.14 at 20,000. `make bench
-  ONLY=b,f,g` after it (14:17-14:26, alternating N): (g) 25.9 / 20.5 s = 1.26x and 27.1 / 21.0 s =
-  1.29x at 200,000 (CPU 40.3 / 30.2 and 40.6 / 31.5 core-s: GC 1.5 / 1.4 and 1.7 / 1.5, against
-  2.2 / 1.3 before; tasks 24.2 / 17.5), 17.5 / 15.0 s = 1.17x and 18.6 / 15.0 s = 1.24x at 20,000;
-  (f) 5.4-5.9%. Processing-time runs keep G1 (conf spark.gc: auto), so (d) and (i) are not
-  affected.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
