@@ -833,6 +833,22 @@ Where the time goes is fixed costs, not rows:
   without Delta's command would take that off, but it would be this project's own Delta writer,
   its protocol choice (CDF and CHECK constraints move a table to writer version 7 with table
   features) to keep equal to Delta's for every reader.
+- Tried, not kept: the throughput collector's heap at full size from the start (2026-12-06,
+  `73c3434`, reverted in `9ecc100`). With `-XX:+UseParallelGC` (available-now runs) a fresh
+  200,000-event `run-all` pays three full collections, each stopping every thread for 0.14-0.28 s
+  (`-Xlog:gc`): one when class metadata first passes the JVM's 21 MB threshold, two as the heap,
+  started at 1/64 of the machine's memory, grows under the batches. `-XX:MetaspaceSize=256m` with
+  `-Xms` at `spark.driver.memory` removed all three (each flag alone one kind): pauses 1.21-1.47 s
+  -> 0.83-0.84 s, `run-all` 27.84 / 27.19 / 26.89 s -> 26.81 / 25.97 / 26.21 at 200,000 events and
+  17.94 / 17.69 / 17.69 -> 17.51 / 17.31 / 16.88 at 20,000 (alternated), the plain baseline with
+  the same flags unchanged; `make bench ONLY=b,f,g`: (g) 1.26x and 1.29x at 200,000, 1.17x and
+  1.24x at 20,000. But in the fresh-clone CI the test session's JVM (one for the whole suite, the
+  same flags) ran out of room at 88% of the tests (`tests/test_refresh_silver.py`, the refresh
+  killed in its switch): old generation 99.99% full, 358 full collections, 572 s in them. `-Xms`
+  equal to `-Xmx` fixes the young generation at a third of the heap (1,365 MB, `jstat
+  -gccapacity`: its minimum too), where the default lets it shrink to 1.5 MB; the old generation's
+  maximum is 2,731 MB either way. Why the same tests then hold more than fits is not yet known; a
+  GC log of the suite's JVM with and without the flags would tell.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
