@@ -847,8 +847,13 @@ Where the time goes is fixed costs, not rows:
   killed in its switch): old generation 99.99% full, 358 full collections, 572 s in them. `-Xms`
   equal to `-Xmx` fixes the young generation at a third of the heap (1,365 MB, `jstat
   -gccapacity`: its minimum too), where the default lets it shrink to 1.5 MB; the old generation's
-  maximum is 2,731 MB either way. Why the same tests then hold more than fits is not yet known; a
-  GC log of the suite's JVM with and without the flags would tell.
+  maximum is 2,731 MB either way. Without the flags the suite's JVM is at that edge too (`jstat`
+  every 30 s in the next CI): 2,713 of 2,731 MB of old generation at the refresh tests, 47 full
+  collections and 69 s in them by the end. What it holds is Spark plans: the two refresh test
+  files alone, in one process, left 642 `QueryExecution`s and 604 `Dataset`s live (`jmap
+  -histo:live`: about a million Catalyst tree nodes, 1.8 GB), while a processing-time `run-all`
+  kept 89-92 over 50 batches. The flags can come back once what keeps those DataFrames in the
+  tests' JVM is found.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
