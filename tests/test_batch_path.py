@@ -116,7 +116,7 @@ def test_a_no_data_batch_is_one_whose_offsets_did_not_move(tmp_path):
 
 
 def test_the_jit_and_the_collector_follow_how_long_the_run_lasts(env):
-    from common.spark import C1_ONLY, PARALLEL_GC, jvm_options
+    from common.spark import C1_ONLY, PARALLEL_GC, PARALLEL_METADATA, jvm_options
 
     base = {k: v for k, v in env.items() if k not in ("LAKEHOUSE__SPARK__JIT", "LAKEHOUSE__SPARK__GC")}
 
@@ -134,6 +134,12 @@ def test_the_jit_and_the_collector_follow_how_long_the_run_lasts(env):
     assert PARALLEL_GC not in options(TRIGGER="processing-time")
     assert PARALLEL_GC in options(TRIGGER="processing-time", LAKEHOUSE__SPARK__GC="parallel")
     assert PARALLEL_GC not in options(TRIGGER="available-now", LAKEHOUSE__SPARK__GC="g1")
+    # The throughput collector's heap starts at the driver's memory, spark-submit's -Xmx, and
+    # leaves class metadata room: no full collection while the heap or the metadata grows.
+    short = options(TRIGGER="available-now", LAKEHOUSE__SPARK__DRIVER_MEMORY="3g").split()
+    assert "-Xms3g" in short and PARALLEL_METADATA in short
+    long = options(TRIGGER="processing-time").split()
+    assert not [o for o in long if o.startswith("-Xms")] and PARALLEL_METADATA not in long
 
 
 def test_a_batch_of_up_to_twice_256_mb_of_files_is_one_task_per_core(spark, tmp_path):
