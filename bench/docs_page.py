@@ -833,27 +833,31 @@ Where the time goes is fixed costs, not rows:
   without Delta's command would take that off, but it would be this project's own Delta writer,
   its protocol choice (CDF and CHECK constraints move a table to writer version 7 with table
   features) to keep equal to Delta's for every reader.
-- Tried, not kept: the throughput collector's heap at full size from the start (2026-12-06,
-  `73c3434`, reverted in `9ecc100`). With `-XX:+UseParallelGC` (available-now runs) a fresh
-  200,000-event `run-all` pays three full collections, each stopping every thread for 0.14-0.28 s
-  (`-Xlog:gc`): one when class metadata first passes the JVM's 21 MB threshold, two as the heap,
-  started at 1/64 of the machine's memory, grows under the batches. `-XX:MetaspaceSize=256m` with
-  `-Xms` at `spark.driver.memory` removed all three (each flag alone one kind): pauses 1.21-1.47 s
-  -> 0.83-0.84 s, `run-all` 27.84 / 27.19 / 26.89 s -> 26.81 / 25.97 / 26.21 at 200,000 events and
-  17.94 / 17.69 / 17.69 -> 17.51 / 17.31 / 16.88 at 20,000 (alternated), the plain baseline with
-  the same flags unchanged; `make bench ONLY=b,f,g`: (g) 1.26x and 1.29x at 200,000, 1.17x and
-  1.24x at 20,000. But in the fresh-clone CI the test session's JVM (one for the whole suite, the
-  same flags) ran out of room at 88% of the tests (`tests/test_refresh_silver.py`, the refresh
-  killed in its switch): old generation 99.99% full, 358 full collections, 572 s in them. `-Xms`
-  equal to `-Xmx` fixes the young generation at a third of the heap (1,365 MB, `jstat
-  -gccapacity`: its minimum too), where the default lets it shrink to 1.5 MB; the old generation's
-  maximum is 2,731 MB either way. Without the flags the suite's JVM is at that edge too (`jstat`
-  every 30 s in the next CI): 2,713 of 2,731 MB of old generation at the refresh tests, 47 full
-  collections and 69 s in them by the end. What it holds is Spark plans: the two refresh test
-  files alone, in one process, left 642 `QueryExecution`s and 604 `Dataset`s live (`jmap
-  -histo:live`: about a million Catalyst tree nodes, 1.8 GB), while a processing-time `run-all`
-  kept 89-92 over 50 batches. The flags can come back once what keeps those DataFrames in the
-  tests' JVM is found.
+- The throughput collector's heap at full size from the start (2026-12-06: `73c3434`, reverted in
+  `9ecc100`, back in `5ebef58` once `5bf284e` found what filled the tests' JVM). With
+  `-XX:+UseParallelGC` (available-now runs) a fresh 200,000-event `run-all` paid three full
+  collections, each stopping every thread for 0.14-0.28 s (`-Xlog:gc`): one when class metadata
+  first passed the JVM's 21 MB threshold, two as the heap, started at 1/64 of the machine's
+  memory, grew under the batches. `-XX:MetaspaceSize=256m` with `-Xms` at `spark.driver.memory`
+  removes all three (each flag alone one kind): pauses 1.21-1.47 s -> 0.83-0.84 s, `run-all` 27.84
+  / 27.19 / 26.89 s -> 26.81 / 25.97 / 26.21 at 200,000 events and 17.94 / 17.69 / 17.69 -> 17.51
+  / 17.31 / 16.88 at 20,000 (alternated), the plain baseline with the same flags unchanged; `make
+  bench ONLY=b,f,g`: (g) 1.26x and 1.29x at 200,000, 1.17x and 1.24x at 20,000 (14:17-14:26); on a
+  slower machine at 18:17-18:21 (the baseline 31.4 and 33.1 s at 200,000 instead of 20.5) 1.27x
+  and 1.24x at 200,000, 1.08x and 1.33x at 20,000. The first try was reverted because the fresh-
+  clone CI's test JVM (one for the whole suite, the same flags) ran out of old generation at 88%
+  of the tests: 99.99% full, 358 full collections, 572 s in them. Without the flags it was at that
+  edge too (2,713 of 2,731 MB at the refresh tests, 47 full collections, 69 s). A heap dump of the
+  two refresh test files in one process (`jmap -dump:live`, read with NetBeans' profiler library
+  from Maven Central: each object's nearest path to a GC root) showed 613 `QueryExecution`s live,
+  nearly all held by py4j's table of objects handed to Python (1,317 entries while Python held 202
+  proxies: DataFrames in reference cycles that Python's full collection, rare in a long pytest
+  process, had not freed) and by Delta's log cache (an entry per table of every finished test,
+  kept an hour). `tests/conftest.py` now runs a full Python collection and clears Delta's log
+  cache after each module: after `test_refresh.py` 16 plans and 0.5 GB live instead of 613 and 1.7
+  GB. The next fresh-clone CI, with the flags (`jstat` every 30 s): 34 full collections, 37 s in
+  them, no stall. The pipeline itself does not keep plans: a processing-time `run-all` kept 89-92
+  over 50 batches.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
