@@ -55,21 +55,35 @@ def spark(session_root):
     cfg = load_config(env=dict(os.environ, LAKEHOUSE_ROOT=str(session_root), LAKEHOUSE__SPARK__JIT="tiered"))
     # Tests run small batches: two shuffle partitions keep stateful queries quick on 2 cores.
     session = build_spark(cfg, "lakehouse-tests", {"spark.sql.shuffle.partitions": "2"})
+    # GX's import freezes what the process holds (common.quality.import_gx): here, before any
+    # test's objects exist, rather than within whichever test first builds a gate.
+    from common.quality import import_gx
+
+    import_gx()
     yield session
     stop(session)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def release_plans():
-    """After each module, what the JVM keeps for Python objects and tables that are gone.
-
-    Without it the suite's one JVM ended near its old generation's limit (2.7 of 2.7 GB, 47 full
-    collections by the end of a CI run). Its heap held some 640 plans (QueryExecution) that
-    nothing used: most pinned by py4j for Python DataFrames caught in reference cycles, which
-    Python's own full collection, rare in a long pytest process, had not yet freed; the rest
-    by Delta's log cache, one entry per table of a finished test for an hour."""
+@pytest.fixture(autouse=True)
+def release_cycles():
+    """After each test, a collection of Python's reference cycles, which frees the JVM's side of
+    the Py4J objects among them (each DataFrame's, each Column's: a Py4J object whose method
+    was called once holds that method, which holds it). The test process allocates little in
+    Python while its jobs run, so Python's own collections came seldom: the suite's one JVM
+    kept 230-600 unused plans within a module (test_refresh_silver.py). Cheap since GX's import
+    froze the process's long-lived objects (common.quality.import_gx): it scans what the tests
+    made since."""
     yield
     gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_plans():
+    """After each module, Delta's log cache, which keeps every table a finished test read for an
+    hour (spark.databricks.delta.delta.log.cacheRetentionMinutes). With release_cycles, what
+    kept the suite's one JVM near its old generation's limit (2.7 of 2.7 GB, 47 full
+    collections by the end of a CI run, some 640 unused plans)."""
+    yield
     from pyspark import SparkContext
 
     sc = SparkContext._active_spark_context
