@@ -75,6 +75,7 @@ class SparkConf(Spec):
     local_slots_per_core: PosInt
     app_name: Str
     driver_memory: Str
+    page_size: Str
     shuffle_partitions: PosInt
     log_level: Str
     ui_enabled: Bool

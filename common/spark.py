@@ -146,6 +146,7 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(cfg.spark.shuffle_partitions),
         "spark.default.parallelism": str(cfg.spark.shuffle_partitions),
         "spark.driver.memory": cfg.spark.driver_memory,
+        "spark.buffer.pageSize": cfg.spark.page_size,
         "spark.ui.enabled": str(cfg.spark.ui_enabled).lower(),
         "spark.ui.showConsoleProgress": "false",
         # Delta rebuilds a table's log state (two Spark jobs) for every new version a MERGE or scan

@@ -172,6 +172,19 @@ def test_state_stores_snapshot_every_commit_only_in_available_now_runs(env):
     assert conf("processing-time") == ("true", "true")
 
 
+def test_memory_pages_are_the_conf_s_size_in_the_running_jvm(spark, env):
+    """Every sort, hash aggregation and broadcast hash table takes at least one page: Spark's
+    default of 64 MB here left 2.4 GB of them in a long-lived JVM (conf spark.page_size)."""
+    from common.spark import spark_conf
+
+    configured = load_config(env={}).spark.page_size
+    jvm = spark.sparkContext._jvm
+    in_jvm = spark.sparkContext._jsc.sc().env().memoryManager().pageSizeBytes()
+    assert in_jvm == jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(configured) < 64 << 20
+    bigger = spark_conf(load_config(env={**env, "LAKEHOUSE__SPARK__PAGE_SIZE": "8m"}))
+    assert bigger["spark.buffer.pageSize"] == "8m"
+
+
 def _oldest_state_version(checkpoint: Path) -> int:
     """The oldest committed version any of the checkpoint's state stores still keeps."""
     stores = [d for d in (checkpoint / "state").glob("*/*") if d.is_dir() and d.name.isdigit()]
