@@ -858,6 +858,32 @@ Where the time goes is fixed costs, not rows:
   GB. The next fresh-clone CI, with the flags (`jstat` every 30 s): 34 full collections, 37 s in
   them, no stall. The pipeline itself does not keep plans: a processing-time `run-all` kept 89-92
   over 50 batches.
+- Python's collector and Spark's memory page (2026-12-06, `075fcd4`, `5b19853`, `86f0037`). Every
+  Py4J object whose method Python called once is in a reference cycle with that method (py4j's
+  `JavaMember` keeps its container), so the JVM's side of every DataFrame and Column is freed only
+  by Python's cyclic collection. The test process allocates little in Python while its jobs run,
+  so its own collections came seldom: within `test_refresh_silver.py` 230-600 plans stayed live
+  between module ends. A collection after each test (`tests/conftest.py`) keeps 24-31; it is cheap
+  because GX's import (`common.quality.import_gx`) now runs without collections and freezes what
+  the process then holds (`gc.freeze`): its 200,000-odd objects are out of every later scan. The
+  same in a fresh 20,000-event `run-all`: the driver's collections 0.40 -> 0.08 s of a core (four
+  full ones during GX's import had freed 80 objects), and the sessions' Python workers, which
+  PySpark's daemon forks, 0.46 -> 0.09 s over nine full ones, since the daemon
+  (`common/python_daemon.py`) freezes what they inherit. The plans were not what filled the tests'
+  JVM, though: after that module's first test it held 2.8 GB live, 2.4 GB of it `long[]` arrays of
+  64 MB (a heap dump: 17 in the block manager's memory store, broadcast hash tables of the
+  locations dimension waiting for Spark's cleaner; 11 sorter pages in thread-locals of streaming
+  threads). Spark's memory page (`spark.buffer.pageSize`), the least every sort, hash aggregation
+  and broadcast hash table takes, follows the memory per core: 64 MB for this 4 GB driver on two
+  cores, for five rows as for five million. Conf `spark.page_size` now sets it, 2m: the same point
+  0.4 GB live, 96 MB of arrays. A fresh `run-all` is the same either way (alternated: 28.2 / 28.5
+  / 27.6 s with 64 MB pages, 29.3 / 26.4 / 28.2 with 2 MB at 20,000 events; 34.6 / 35.8 against
+  34.8 / 34.3 at 200,000): a short run's pages are pooled; `tests/test_gold.py` alone 161.7 /
+  169.0 / 160.2 s against 154.4 / 160.2. `make bench ONLY=b,f,g` before these (20:10) 41.5 / 35.0
+  s = 1.19x at 200,000 events, 28.6 / 23.4 s = 1.22x at 20,000; after (21:36) 39.6 / 31.4 s =
+  1.26x and 28.0 / 20.9 s = 1.34x: `run-all` 1.9 and 0.6 s faster, the baseline 3.6 and 2.5 s (the
+  machine's hour); the Python driver's CPU 3.6-3.8 -> 2.7-2.8 core-s, its workers' 1.2-1.3 ->
+  0.9-1.2.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
