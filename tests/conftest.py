@@ -80,9 +80,9 @@ def release_cycles():
 @pytest.fixture(autouse=True, scope="module")
 def release_plans():
     """After each module, Delta's log cache, which keeps every table a finished test read for an
-    hour (spark.databricks.delta.delta.log.cacheRetentionMinutes). With release_cycles, what
-    kept the suite's one JVM near its old generation's limit (2.7 of 2.7 GB, 47 full
-    collections by the end of a CI run, some 640 unused plans)."""
+    hour (spark.databricks.delta.delta.log.cacheRetentionMinutes). With release_cycles and
+    Spark's smaller memory pages (conf spark.page_size), what kept the suite's one JVM near its
+    old generation's limit (2.7 of 2.7 GB, 47 full collections by the end of a CI run)."""
     yield
     from pyspark import SparkContext
 
