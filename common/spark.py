@@ -43,9 +43,8 @@ def jvm_options(cfg: Config, archive: bool = True) -> str:
     gc = cfg.spark.gc if cfg.spark.gc != "auto" else ("parallel" if short else "g1")
     cds = class_archive.driver_options(archive and cfg.spark.class_archive)
     # -Xms as spark-submit writes -Xmx: the value of spark.driver.memory as it is.
-    parallel = f"{PARALLEL_GC} {PARALLEL_METADATA} -Xms{cfg.spark.driver_memory}"
-    return " ".join(o for o in ("-Duser.timezone=UTC", LOG_CONFIG, C1_ONLY if jit == "c1" else "",
-                                parallel if gc == "parallel" else "", cds) if o)
+    collector = f"{PARALLEL_GC} {PARALLEL_METADATA} -Xms{cfg.spark.driver_memory}" if gc == "parallel" else ""
+    return " ".join(o for o in ("-Duser.timezone=UTC", LOG_CONFIG, C1_ONLY if jit == "c1" else "", collector, cds) if o)
 
 
 def object_store_conf(cfg: Config) -> dict[str, str]:
