@@ -12,6 +12,7 @@ import functools
 import gc
 import importlib.abc
 import importlib.util
+import itertools
 import json
 import os
 import sys
@@ -468,10 +469,10 @@ def _one_pass(engine, pairs: dict, metrics: dict, aggregates: dict) -> tuple[dic
     from pyspark.sql import functions as F
 
     # Every metric of one validation is on the same batch: any compute domain names it.
-    computed = [metrics[c][1] for c in pairs] + [domain for _, domain, _ in aggregates.values()]
-    if not computed:
+    named = next(itertools.chain((metrics[c][1] for c in pairs), (d for _, d, _ in aggregates.values())), None)
+    if named is None:
         return {}, {}
-    batch = engine.get_domain_records(domain_kwargs={"batch_id": computed[0].get("batch_id")})
+    batch = engine.get_domain_records(domain_kwargs={"batch_id": named.get("batch_id")})
     columns, slots = [], []
     for i, (condition_id, pair) in enumerate(pairs.items()):
         condition, compute_kwargs, accessor_kwargs = metrics[condition_id]
