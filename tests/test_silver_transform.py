@@ -364,6 +364,24 @@ def test_iso_timestamps_read_by_the_fast_cast_equal_the_pattern_s_reading(spark)
     assert read["2026-11-01T10:00:00Z\n"] is None and read["-0000-01-01T00:00:00Z"] is None
 
 
+def test_boolean_text_reads_as_lower_case_comparison_would_read_it(spark, silver_conf):
+    """Silver maps no case through ICU (lower(), upper(): their first use in a JVM loads ICU's
+    tables, 1.5-2 s of a fresh run's silver batch). Its boolean fields read text in any case,
+    look-alike letters and other text as lower(text) = 'true' / 'false' would."""
+    plan = parse(spark, silver_conf, [record(camera())])._jdf.queryExecution().executedPlan().toString()
+    assert not re.search(r"\b(lower|upper|initcap|ilike)\(", plan), "the parse maps case through ICU"
+    words = ["true", "false", "TRUE", "False", "tRuE", "fALSE", "truE", "true ", " false", "t", "f", "yes",
+             "no", "1", "0", "", "truee", "fals", "\u0131", "\u0130", "\u212a", "\uff54\uff52\uff55\uff45",
+             "tru\u00e9", "TRU\u00c9", "fa\u0142se", "\u017ftrue", "true\u0307", "FAL\u017fE"]
+    df = spark.createDataFrame([(w,) for w in words] + [(None,)], "s string")
+    lowered = F.lower("s")
+    reference = F.when(lowered == "true", True).when(lowered == "false", False)
+    ours = T._bool(F.col("s"))
+    assert df.where(~reference.eqNullSafe(ours)).count() == 0
+    read = {r.s: r.b for r in df.select("s", ours.alias("b")).collect()}
+    assert (read["TRUE"], read["fALSE"], read["yes"], read["\u212a"], read[None]) == (True, False, None, None, None)
+
+
 def test_time_range_edges_are_accepted(spark, silver_conf):
     raws = [record(camera(start="2000-01-01T00:00:00.000Z", end="2000-01-01T00:00:10.000Z")),
             record(camera(start=AT_LIMIT, end=AT_LIMIT))]
