@@ -884,6 +884,30 @@ Where the time goes is fixed costs, not rows:
   1.26x and 28.0 / 20.9 s = 1.34x: `run-all` 1.9 and 0.6 s faster, the baseline 3.6 and 2.5 s (the
   machine's hour); the Python driver's CPU 3.6-3.8 -> 2.7-2.8 core-s, its workers' 1.2-1.3 ->
   0.9-1.2.
+- Case mapping through ICU (2026-12-07, `1a7878d`). Silver read a boolean field as `lower(text) =
+  'true'` and an ISO timestamp as `cast(upper(text) as timestamp)`. Spark 4 maps case through ICU
+  (`spark.sql.icu.caseMappings.enabled`, on by default), and the first call in a JVM initialises
+  ICU's case-mapping and break-iterator data (`CollationAwareUTF8String.<clinit>` in JFR samples of
+  silver's task threads); one value in an odd case is enough, and the generated landing has some.
+  Most of that time is spent outside sampled Java code (JFR counted 0.3-0.4 s); alternated fresh
+  runs show all of it: silver's batch at 20,000 events 6.6 / 6.7 / 7.0 s -> 5.1 / 4.8 / 5.2 s,
+  `run-all` 23.2 / 24.0 / 23.1 -> 21.1 / 21.9 / 22.8 s, and at 200,000 events 39.3 / 35.0 / 36.7
+  -> 35.4 / 34.6 / 34.6 s. The usual spelling is now compared as it is, and other text folded by
+  `translate()` of the compared letters, which reads every text the same (no other code point
+  lower-cases to those letters; a test compares both readings on look-alikes and keeps case
+  mapping out of the parse's plan). Plain Spark's casts never call it. `make bench ONLY=b,f,g`
+  after (00:00-00:03): (g) 21.9 / 19.1 s = 1.15x and 23.4 / 21.3 s = 1.10x at 20,000 events, 34.2
+  / 27.7 s = 1.23x and 38.6 / 29.8 s = 1.30x at 200,000; the same evening before, six runs at
+  200,000: 1.08-1.45x, median 1.31x. (f) at 20,000 8.1-8.6% (0.3 s of a 3.9-4.1-s batch): the
+  gate's share grows as the batch shrinks. Where silver's tasks still spend more than plain Spark's
+  (JFR, 200,000 events, samples of the task threads by the innermost known frame): generated
+  projections 28% against 9% (the reasons' CASE WHENs, lineage and the raw bytes carried per
+  event), Janino compiling generated classes 12% against 7% (518 generated classes in a 20,000-
+  event `run-all`, 270 in plain Spark's), the schema contract's key scan 4%, JSON parsing 14%
+  against 29% (silver parses in full only what it keeps).
+- The memory page's cost to a fresh `run-all`, alternated over three pairs of `make bench
+  ONLY=b,f,g` at 200,000 events (23:16-23:23): 64 MB pages 38.2 / 36.6 / 30.9 s (tasks 36.1 /
+  33.6 / 28.3 core-s), 2 MB pages 36.3 / 32.4 / 37.2 s (33.8 / 29.8 / 35.6): none beyond the noise.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
