@@ -90,7 +90,7 @@ def _lineage() -> list[Column]:
 # tables and break rules, which plain Spark's casts never pay: a fresh run-all's silver batch of
 # 20,000 events took 6.6-7.0 s with them, 4.8-5.2 s without (one row in an odd case is enough).
 # translate() of the few letters compared gives the same answer without ICU: no character but
-# these ASCII ones lower-cases to t, r, u, e, f, a, l or s, or upper-cases to T or Z (checked over
+# these ASCII ones lower-cases to t, r, u, e, f, a, l or s, or upper-cases to T or Z (a test checks
 # every code point). The usual spelling is matched first, as it is.
 def _bool(text: Column) -> Column:
     folded = F.translate(text, "TRUEFALS", "truefals")

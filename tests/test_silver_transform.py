@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -370,6 +371,11 @@ def test_boolean_text_reads_as_lower_case_comparison_would_read_it(spark, silver
     look-alike letters and other text as lower(text) = 'true' / 'false' would."""
     plan = parse(spark, silver_conf, [record(camera())])._jdf.queryExecution().executedPlan().toString()
     assert not re.search(r"\b(lower|upper|initcap|ilike)\(", plan), "the parse maps case through ICU"
+    # translate() folds only the compared letters: no other character's lower case is made of
+    # them (Python's Unicode tables; the timestamps' T and Z the same for upper case).
+    assert [c for c in map(chr, range(sys.maxunicode + 1)) if c not in "TRUEFALStruefals"
+            and all(x in "truefals" for x in c.lower())] == []
+    assert [c for c in map(chr, range(sys.maxunicode + 1)) if c not in "TZtz" and all(x in "TZ" for x in c.upper())] == []
     words = ["true", "false", "TRUE", "False", "tRuE", "fALSE", "truE", "true ", " false", "t", "f", "yes",
              "no", "1", "0", "", "truee", "fals", "\u0131", "\u0130", "\u212a", "\uff54\uff52\uff55\uff45",
              "tru\u00e9", "TRU\u00c9", "fa\u0142se", "\u017ftrue", "true\u0307", "FAL\u017fE"]
