@@ -213,7 +213,8 @@ Where the time goes is fixed costs, not rows:
   against the baseline's 24 s over the same files, and about 4 s of Python (foreachBatch code,
   GX). A JFR profile of it put ~20% of the JVM's CPU in generating and compiling code for the
   many small plans; whole-stage codegen is now off (`common/spark.py`), which helps below a
-  million events and costs nothing at a million.
+  million events and costs nothing at a million, except in silver's large batches (below,
+  "Silver's parse fused").
 - Spark caches the classes it compiles by their source, 100 by default: fewer than one round of
   the pipeline's plans needs, so in a long-running process every batch recompiled what the one
   before had. In `make bench-audit`'s loop (a silver commit and a gold batch a version, warm JVM)

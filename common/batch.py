@@ -28,6 +28,29 @@ WRITTEN = ("rows_written", "events_written", "events_quarantined")
 # How Spark evaluates expressions: FALLBACK (its default) compiles them, falling back to
 # interpreting an expression it cannot compile; NO_CODEGEN interprets every one.
 EXPRESSIONS = "spark.sql.codegen.factoryMode"
+# Whether Spark fuses each stage's operators into one compiled class: off for the session
+# (common/spark.py: the pipeline's many small plans paid its compiles), on for the batches of a
+# query that `fuses_stages` and reads many rows.
+WHOLE_STAGE = "spark.sql.codegen.wholeStage"
+_STARTING_FUSED = threading.Lock()
+
+
+def start_writer(writer, spark, cfg, fuses_stages: bool):
+    """Start `writer`'s query (a DataStreamWriter on `spark`). A query plans each batch in a
+    session of its own, a copy of `spark`'s taken as it starts, and a body sets that copy's
+    settings from its second batch on (MicroBatch.choose_expressions); a first batch counts as
+    large, so a query that `fuses_stages` starts from `spark` with whole stages on. They are on
+    in `spark` only while the copy is taken: a plan another thread builds in that moment is
+    fused as well, to the same rows."""
+    if not fuses_stages or cfg.spark.whole_stage_from_rows <= 0:
+        return writer.start()
+    with _STARTING_FUSED:
+        before = spark.conf.get(WHOLE_STAGE)
+        spark.conf.set(WHOLE_STAGE, "true")
+        try:
+            return writer.start()
+        finally:
+            spark.conf.set(WHOLE_STAGE, before)
 
 
 @dataclass(frozen=True)
@@ -108,6 +131,7 @@ class MicroBatch(QueryBody):
     outputs: tuple = ()
     counted_by: str | None = None
     sized_by_rows: bool = True     # its input rows say its size (choose_expressions)
+    fuses_stages: bool = False     # large batches fuse whole stages (choose_expressions, start_writer)
 
     def __init__(self, spark, cfg, query: str, upstream: str | None, gates: dict, books,
                  outputs: tuple = (), source: str | None = None):
@@ -139,23 +163,30 @@ class MicroBatch(QueryBody):
                     cached.unpersist()
 
     def choose_expressions(self, ctx: BatchContext) -> None:
-        """Compiled or interpreted expressions for this batch (conf spark.interpreted_below_rows).
-        Spark generates and compiles Java code for every projection and predicate of a plan, and
-        generates its text again in every task, even when a compiled class is cached: a fixed
-        cost per job that a batch of a few hundred rows pays many times over (a gold batch of
-        250 rows: 9.0 s compiled, 5.6 s interpreted), while at 200,000 rows the compiled code
-        pays for itself many times over (a run-all: 59 s compiled, 94 s interpreted). The batch's
-        size is not known before it runs: a batch that reads nothing (it only moves the
-        watermark) is small, and one that reads is taken to be the size of the query's batch
-        before it (a first batch is compiled). The setting is the query's own session's."""
-        below = self.cfg.spark.interpreted_below_rows
-        if below <= 0 or not self.sized_by_rows:
+        """Compiled or interpreted expressions for this batch (conf spark.interpreted_below_rows),
+        and, in a query that `fuses_stages`, whole stages fused or not (conf
+        spark.whole_stage_from_rows). Spark generates and compiles Java code for every
+        projection and predicate of a plan, and generates its text again in every task, even
+        when a compiled class is cached: a fixed cost per job that a batch of a few hundred rows
+        pays many times over (a gold batch of 250 rows: 9.0 s compiled, 5.6 s interpreted),
+        while at 200,000 rows the compiled code pays for itself many times over (a run-all: 59 s
+        compiled, 94 s interpreted), and fusing the operators of silver's parse saves copying
+        every row between them. The batch's size is not known before it runs: a batch that reads
+        nothing (it only moves the watermark) is small, and one that reads is taken to be the
+        size of the query's batch before it (a first batch is large). The settings are the
+        query's own session's: they hold for the plans this body builds, and, since Spark plans
+        a batch's streaming part before its body runs, for the streaming part of the next."""
+        if not self.sized_by_rows:
             return
         rows = self.previous_rows() if ctx.read else 0
-        if rows is not None and rows < below:
+        below, fused_from = self.cfg.spark.interpreted_below_rows, self.cfg.spark.whole_stage_from_rows
+        if below > 0 and rows is not None and rows < below:
             ctx.session.conf.set(EXPRESSIONS, "NO_CODEGEN")
         else:
             ctx.session.conf.unset(EXPRESSIONS)
+        if self.fuses_stages:
+            fused = fused_from > 0 and (rows is None or rows >= fused_from)
+            ctx.session.conf.set(WHOLE_STAGE, "true" if fused else "false")
 
     def previous_rows(self) -> int | None:
         """Rows the query's last batch read (None: no batch yet in this run, or no such query)."""

@@ -83,6 +83,7 @@ class SparkConf(Spec):
     gc: one_of("auto", "parallel", "g1")
     class_archive: Bool
     interpreted_below_rows: Int
+    whole_stage_from_rows: Int
     gate_one_task_below_rows: Int
 
 

@@ -178,6 +178,7 @@ def spark_conf(cfg: Config, ship_jars: bool | None = None) -> dict[str, str]:
         # makes many small plans (gates, MERGEs, commits): a JVM profile of run-all had ~20% of its
         # CPU in code formatting and Janino. Off: run-all of 20,000 events ~10% faster, of 200,000
         # 4%, of 1,000,000 the same (expressions are still compiled, only not fused per stage).
+        # Silver's large batches fuse their own query's stages (conf spark.whole_stage_from_rows).
         "spark.sql.codegen.wholeStage": "false",
         # Compiled classes are cached by their source, 100 by default: fewer than the distinct
         # classes one round of the pipeline's plans needs (bronze, silver, gold, their gates,

@@ -21,7 +21,7 @@ from common.delta import add_missing_columns, change_feed, ensure_table, skippin
 from common.delta_source import delta_stream
 from common.errors import describe
 from common.literal_frame import local_frame
-from common.batch import BatchContext, MicroBatch, aggregates_while_caching, together
+from common.batch import BatchContext, MicroBatch, aggregates_while_caching, start_writer, together
 from common.outputs import Append, Result
 from common.quality import QualityGate, SuiteError, load_suites
 from common.schemas import BRONZE_EVENTS, DQ_RESULTS, NEW_FIELDS
@@ -135,6 +135,7 @@ class SilverBatch(MicroBatch):
     is built once per job, not per batch."""
 
     layer = "silver"
+    fuses_stages = True      # its parse: every record's JSON through from_json and explode
 
     def __init__(self, spark, cfg, suite, accounting_, dimension: Dimension | None = None):
         events = cfg.table_path("silver", cfg.silver_table)
@@ -325,11 +326,9 @@ def start_query(spark, cfg, suite, dimension: Dimension | None = None):
     deduped = T.deduplicate(observed, cfg.silver.dedup_watermark.spark(), cfg.profile)
     books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint(QUERY), progress_counts)
     body = SilverBatch(spark, cfg, suite, books, dimension)
-    return Started(deduped.writeStream.queryName(QUERY)
-                   .foreachBatch(body)
-                   .option("checkpointLocation", cfg.checkpoint(QUERY))
-                   .trigger(**trigger(cfg, "silver"))
-                   .start(), body)
+    writer = (deduped.writeStream.queryName(QUERY).foreachBatch(body)
+              .option("checkpointLocation", cfg.checkpoint(QUERY)).trigger(**trigger(cfg, "silver")))
+    return Started(start_writer(writer, spark, cfg, body.fuses_stages), body)
 
 
 def silver_suite(cfg, gx: bool = True):

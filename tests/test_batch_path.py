@@ -400,6 +400,57 @@ def test_a_batch_after_a_small_one_interprets_its_expressions_and_one_after_a_la
     assert [s[2] for s in seen] == [3.0, 3.0, 135.0, 9.0]
 
 
+@pytest.mark.parametrize("fuses", [True, False])
+def test_a_query_that_fuses_stages_fuses_its_first_batch_and_those_after_a_large_one(spark, env, fuses):
+    """conf spark.whole_stage_from_rows (5 here) in a query whose body `fuses_stages`: a first
+    batch is large, so its streaming part is planned with whole stages fused (the query started
+    so) and so are its body's plans; after that the body's plans are fused when the batch before
+    read 5 rows or more, and the streaming part, planned before the body runs, follows one batch
+    later. The session's own setting is left as it was. A body that does not fuse never does."""
+    from common import accounting
+    from common.batch import WHOLE_STAGE, MicroBatch, start_writer
+    from common.outputs import Result
+
+    cfg = load_config(env={**env, "LAKEHOUSE__SPARK__WHOLE_STAGE_FROM_ROWS": "5",
+                           "LAKEHOUSE__SPARK__INTERPRETED_BELOW_ROWS": "0"})
+    source = str(Path(cfg.landing) / "fusing")
+    for n in (2, 2, 10, 3, 3):
+        spark.range(n).coalesce(1).selectExpr("id", "id * 3 AS price").write.format("delta").mode("append").save(source)
+    seen = []
+    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint("fusing"), lambda p: {})
+
+    def fused(plan) -> bool:
+        # "*(n)": an operator inside a whole-stage class (adaptive's final plan: asked after it ran)
+        return "*(" in plan.toString()
+
+    class Fusing(MicroBatch):
+        layer = "silver"
+        fuses_stages = fuses
+
+        def compute(self, df, ctx):
+            running = next(q for q in spark.streams.active if q.name == "fusing")
+            streaming = running._jsq.streamingQuery().lastExecution().executedPlan()
+            own = df.selectExpr("count(*)", "sum(if(price > 1, price, 0))")   # the batch read once:
+            rows, total = own.collect()[0]      # its source rows are what the next batch is sized by
+            seen.append((rows, fused(streaming), fused(own._jdf.queryExecution().executedPlan()), total))
+            return Result({}, {})
+
+    assert spark.conf.get(WHOLE_STAGE) == "false"
+    writer = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source)
+              .selectExpr("id", "price + 1 AS price").writeStream.queryName("fusing")
+              .foreachBatch(Fusing(spark, cfg, "fusing", "bronze.events", {}, books))
+              .option("checkpointLocation", cfg.checkpoint("fusing")).trigger(availableNow=True))
+    start_writer(writer, spark, cfg, fuses).awaitTermination()
+    assert spark.conf.get(WHOLE_STAGE) == "false"
+    assert [s[0] for s in seen] == [2, 2, 10, 3, 3]
+    assert [s[3] for s in seen] == [4, 4, 144, 11, 11]
+    if fuses:
+        assert [s[1] for s in seen] == [True, True, False, False, True], seen
+        assert [s[2] for s in seen] == [True, False, False, True, False], seen
+    else:
+        assert not any(s[1] or s[2] for s in seen), seen
+
+
 def _jobs(spark) -> dict[int, str]:
     """Spark's jobs so far (its status store, the UI's), by id: their descriptions."""
     jobs = spark.sparkContext._jsc.sc().statusStore().jobsList(None)
