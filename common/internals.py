@@ -325,18 +325,21 @@ def driver_memory(spark, attempts: int = 5) -> dict[str, int | None]:
     jvm = spark._jvm
     management = jvm.java.lang.management.ManagementFactory
 
+    full = [b for b in management.getGarbageCollectorMXBeans()
+            if not any(young in b.getName() for young in _YOUNG_COLLECTIONS)]
+
     def full_collections() -> int:
-        return sum(int(b.getCollectionCount()) for b in management.getGarbageCollectorMXBeans()
-                   if not any(young in b.getName() for young in _YOUNG_COLLECTIONS))
+        return sum(int(b.getCollectionCount()) for b in full)
 
     collected = False
     for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.1 * attempt)
         before = full_collections()
         jvm.java.lang.System.gc()
         if full_collections() > before:
             collected = True
             break
-        time.sleep(0.1 * (attempt + 1))
     bean = management.getMemoryMXBean()
     return {"heap_used": int(bean.getHeapMemoryUsage().getUsed()) if collected else None,
             "nonheap_used": int(bean.getNonHeapMemoryUsage().getUsed())}
