@@ -35,14 +35,14 @@ WHOLE_STAGE = "spark.sql.codegen.wholeStage"
 _STARTING_FUSED = threading.Lock()
 
 
-def start_writer(writer, spark, cfg, fuses_stages: bool):
-    """Start `writer`'s query (a DataStreamWriter on `spark`). A query plans each batch in a
-    session of its own, a copy of `spark`'s taken as it starts, and a body sets that copy's
-    settings from its second batch on (MicroBatch.choose_expressions); a first batch counts as
-    large, so a query that `fuses_stages` starts from `spark` with whole stages on. They are on
-    in `spark` only while the copy is taken: a plan another thread builds in that moment is
-    fused as well, to the same rows."""
-    if not fuses_stages or cfg.spark.whole_stage_from_rows <= 0:
+def start_writer(writer, spark, body: "MicroBatch"):
+    """Start `writer`'s query (a DataStreamWriter on `spark`, running `body`). A query plans each
+    batch in a session of its own, a copy of `spark`'s taken as it starts, and its body sets
+    that copy's settings from its second batch on (MicroBatch.choose_expressions); a first batch
+    counts as large, so a query whose body fuses one starts from `spark` with whole stages on.
+    They are on in `spark` only while the copy is taken: a plan another thread builds in that
+    moment is fused as well, to the same rows."""
+    if not body.fuses(None):
         return writer.start()
     with _STARTING_FUSED:
         before = spark.conf.get(WHOLE_STAGE)
@@ -179,14 +179,18 @@ class MicroBatch(QueryBody):
         if not self.sized_by_rows:
             return
         rows = self.previous_rows() if ctx.read else 0
-        below, fused_from = self.cfg.spark.interpreted_below_rows, self.cfg.spark.whole_stage_from_rows
+        below = self.cfg.spark.interpreted_below_rows
         if below > 0 and rows is not None and rows < below:
             ctx.session.conf.set(EXPRESSIONS, "NO_CODEGEN")
         else:
             ctx.session.conf.unset(EXPRESSIONS)
         if self.fuses_stages:
-            fused = fused_from > 0 and (rows is None or rows >= fused_from)
-            ctx.session.conf.set(WHOLE_STAGE, "true" if fused else "false")
+            ctx.session.conf.set(WHOLE_STAGE, "true" if self.fuses(rows) else "false")
+
+    def fuses(self, rows: int | None) -> bool:
+        """Whether a batch expected to read `rows` (None: a first batch) fuses whole stages."""
+        fused_from = self.cfg.spark.whole_stage_from_rows
+        return self.fuses_stages and fused_from > 0 and (rows is None or rows >= fused_from)
 
     def previous_rows(self) -> int | None:
         """Rows the query's last batch read (None: no batch yet in this run, or no such query)."""

@@ -328,7 +328,7 @@ def start_query(spark, cfg, suite, dimension: Dimension | None = None):
     body = SilverBatch(spark, cfg, suite, books, dimension)
     writer = (deduped.writeStream.queryName(QUERY).foreachBatch(body)
               .option("checkpointLocation", cfg.checkpoint(QUERY)).trigger(**trigger(cfg, "silver")))
-    return Started(start_writer(writer, spark, cfg, body.fuses_stages), body)
+    return Started(start_writer(writer, spark, body), body)
 
 
 def silver_suite(cfg, gx: bool = True):

@@ -436,11 +436,12 @@ def test_a_query_that_fuses_stages_fuses_its_first_batch_and_those_after_a_large
             return Result({}, {})
 
     assert spark.conf.get(WHOLE_STAGE) == "false"
+    body = Fusing(spark, cfg, "fusing", "bronze.events", {}, books)
     writer = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source)
               .selectExpr("id", "price + 1 AS price").writeStream.queryName("fusing")
-              .foreachBatch(Fusing(spark, cfg, "fusing", "bronze.events", {}, books))
+              .foreachBatch(body)
               .option("checkpointLocation", cfg.checkpoint("fusing")).trigger(availableNow=True))
-    start_writer(writer, spark, cfg, fuses).awaitTermination()
+    start_writer(writer, spark, body).awaitTermination()
     assert spark.conf.get(WHOLE_STAGE) == "false"
     assert [s[0] for s in seen] == [2, 2, 10, 3, 3]
     assert [s[3] for s in seen] == [4, 4, 144, 11, 11]
