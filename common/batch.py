@@ -140,6 +140,7 @@ class MicroBatch(QueryBody):
         self.gates, self.books = gates or {}, books
         self.outputs = tuple(outputs) or self.outputs
         self.dq_path = cfg.table_path("ops", "dq_results")
+        self._rows_read: int | None = None       # previous_rows
 
     def lineage(self, batch_id: int) -> dict:
         if self.source is not None:
@@ -173,19 +174,22 @@ class MicroBatch(QueryBody):
         compiled, 94 s interpreted), and fusing the operators of silver's parse saves copying
         every row between them. The batch's size is not known before it runs: a batch that reads
         nothing (it only moves the watermark) is small, and one that reads is taken to be the
-        size of the query's batch before it (a first batch is large). The settings are the
+        size of the query's last batch that read (a first batch is large). The settings are the
         query's own session's: they hold for the plans this body builds, and, since Spark plans
         a batch's streaming part before its body runs, for the streaming part of the next."""
         if not self.sized_by_rows:
             return
-        rows = self.previous_rows() if ctx.read else 0
+        before = self.previous_rows()    # asked by a watermark-only batch too: it notes the one before
+        rows = before if ctx.read else 0
         below = self.cfg.spark.interpreted_below_rows
         if below > 0 and rows is not None and rows < below:
             ctx.session.conf.set(EXPRESSIONS, "NO_CODEGEN")
         else:
             ctx.session.conf.unset(EXPRESSIONS)
         if self.fuses_stages:
-            ctx.session.conf.set(WHOLE_STAGE, "true" if self.fuses(rows) else "false")
+            # Fusing is chosen when a plan is made, and the next batch's streaming part is planned
+            # with what this sets: a watermark-only batch keeps the choice of the one before it.
+            ctx.session.conf.set(WHOLE_STAGE, "true" if self.fuses(before) else "false")
 
     def fuses(self, rows: int | None) -> bool:
         """Whether a batch expected to read `rows` (None: a first batch) fuses whole stages."""
@@ -193,12 +197,17 @@ class MicroBatch(QueryBody):
         return self.fuses_stages and fused_from > 0 and (rows is None or rows >= fused_from)
 
     def previous_rows(self) -> int | None:
-        """Rows the query's last batch read (None: no batch yet in this run, or no such query)."""
+        """Rows the query's last batch that read any read (None: none yet in this run, or no such
+        query). A watermark-only batch reads nothing and says nothing of the next one's size: a
+        heavy stream runs one between two large batches whenever its watermark moves and no file
+        is waiting, and the large batch after it ran interpreted."""
         for query in self.spark.streams.active:
             if query.name == self.query:
                 last = query.lastProgress
-                return None if last is None else int(last["numInputRows"])
-        return None
+                if last is not None and int(last["numInputRows"]) > 0:
+                    self._rows_read = int(last["numInputRows"])
+                break
+        return self._rows_read
 
     def compute(self, df, ctx: BatchContext) -> Result:   # pragma: no cover - interface
         raise NotImplementedError

@@ -400,6 +400,69 @@ def test_a_batch_after_a_small_one_interprets_its_expressions_and_one_after_a_la
     assert [s[2] for s in seen] == [3.0, 3.0, 135.0, 9.0]
 
 
+def test_a_batch_after_a_watermark_only_one_is_sized_by_the_last_batch_that_read(spark, env):
+    """A stream runs a watermark-only batch whenever its watermark moved and nothing waits; it
+    reads nothing, and the batch after it is sized by the last batch that read (10 rows here,
+    compiled), not by the empty one (interpreted, whatever its size). Processing-time, with
+    deduplication within a watermark: a real query's own watermark-only batches."""
+    from common import accounting
+    from common.batch import EXPRESSIONS, WHOLE_STAGE, MicroBatch
+    from common.outputs import Result
+
+    cfg = load_config(env={**env, "LAKEHOUSE__SPARK__INTERPRETED_BELOW_ROWS": "5",
+                           "LAKEHOUSE__SPARK__WHOLE_STAGE_FROM_ROWS": "5"})
+    source = str(Path(cfg.landing) / "quiet")
+    seen = []
+    books = accounting.Accounting(spark, cfg, "silver", cfg.checkpoint("quiet"), lambda p: {})
+
+    def land(n: int, minute: int) -> None:
+        (spark.range(n).coalesce(1).selectExpr(f"id + {minute * 100} AS id",
+                                               f"TIMESTAMP '2026-01-01 00:00:00' + INTERVAL {minute} MINUTES AS ts")
+         .write.format("delta").mode("append").save(source))
+
+    class Quiet(MicroBatch):
+        layer = "silver"
+        fuses_stages = True
+
+        def compute(self, df, ctx):
+            seen.append((ctx.read, df.count(), ctx.session.conf.get(EXPRESSIONS, None),
+                         ctx.session.conf.get(WHOLE_STAGE)))
+            return Result({}, {})
+
+    def wait_for(what, done):
+        deadline = time.monotonic() + 60
+        while not done():
+            assert query.isActive and time.monotonic() < deadline, f"no {what}: {seen}"
+            time.sleep(0.1)
+
+    land(10, 0)
+    query = (spark.readStream.format("delta").load(source).withWatermark("ts", "1 second")
+             .dropDuplicatesWithinWatermark(["id"]).writeStream.queryName("quiet")
+             .foreachBatch(Quiet(spark, cfg, "quiet", "bronze.events", {}, books))
+             .option("checkpointLocation", cfg.checkpoint("quiet")).trigger(processingTime="200 milliseconds")
+             .start())
+    try:
+        wait_for("watermark-only batch after the first", lambda: any(not r for r, *_ in seen))
+        land(2, 1)
+        wait_for("batch of 2 rows", lambda: any(n == 2 for _, n, *_ in seen))
+        wait_for("watermark-only batch after it", lambda: [r for r, *_ in seen][-1] is False)
+        land(3, 2)
+        wait_for("batch of 3 rows", lambda: any(n == 3 for _, n, *_ in seen))
+    finally:
+        query.stop()
+    reading = [s for s in seen if s[0]]
+    # Compiled after the first batch's 10 rows, though a watermark-only batch came between;
+    # interpreted after the 2 rows of the batch before, watermark-only batch or not.
+    assert [(n, mode) for _, n, mode, _ in reading] == [(10, None), (2, None), (3, "NO_CODEGEN")], seen
+    assert [fused for *_, fused in reading] == ["true", "true", "false"], seen
+    # A watermark-only batch keeps the fusing of the batch that read before it: the next
+    # batch's streaming part is planned with it.
+    empty = [(i, s) for i, s in enumerate(seen) if not s[0]]
+    assert empty and all(s[1] == 0 for _, s in empty), seen
+    before = {i: next(r for r in reversed(seen[:i]) if r[0]) for i, _ in empty}
+    assert all(s[3] == ("true" if before[i][1] >= 5 else "false") for i, s in empty), seen
+
+
 @pytest.mark.parametrize("fuses", [True, False])
 def test_a_query_that_fuses_stages_fuses_its_first_batch_and_those_after_a_large_one(spark, env, fuses):
     """conf spark.whole_stage_from_rows (5 here) in a query whose body `fuses_stages`: a first
