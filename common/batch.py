@@ -28,6 +28,7 @@ WRITTEN = ("rows_written", "events_written", "events_quarantined")
 # How Spark evaluates expressions: FALLBACK (its default) compiles them, falling back to
 # interpreting an expression it cannot compile; NO_CODEGEN interprets every one.
 EXPRESSIONS = "spark.sql.codegen.factoryMode"
+COMPILED = "FALLBACK"       # Spark's default mode: compiled, interpreted where code fails to compile
 # Whether Spark fuses each stage's operators into one compiled class: off for the session
 # (common/spark.py: the pipeline's many small plans paid its compiles), on for the batches of a
 # query that `fuses_stages` and reads many rows.
@@ -185,7 +186,11 @@ class MicroBatch(QueryBody):
         if below > 0 and rows is not None and rows < below:
             ctx.session.conf.set(EXPRESSIONS, "NO_CODEGEN")
         else:
-            ctx.session.conf.unset(EXPRESSIONS)
+            # Set, not unset: the batch runs inside its streaming part's execution, which put
+            # the session's setting of the batch before in the thread's properties, and a job
+            # takes a setting its session lacks from there (so the batch after a small one ran
+            # interpreted, whatever its own size).
+            ctx.session.conf.set(EXPRESSIONS, COMPILED)
         if self.fuses_stages:
             # Fusing is chosen when a plan is made, and the next batch's streaming part is planned
             # with what this sets: a watermark-only batch keeps the choice of the one before it.

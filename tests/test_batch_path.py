@@ -369,6 +369,17 @@ def test_batches_planned_before_the_run_started_are_its_replays(tmp_path):
     assert last_logged_batch(str(tmp_path)) == 2
 
 
+def _compiles(session) -> bool:
+    """Whether a job the calling thread runs now compiles its expressions, as Spark decides in
+    the job's tasks (the session's setting, or, where the session leaves it unset, what the
+    thread's enclosing execution propagated): a projection with a literal no plan had before is a
+    new class when compiled, which Spark's codegen metrics count. Whole stages must be off."""
+    metrics = session._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    before = metrics.METRIC_COMPILATION_TIME().getCount()
+    session.range(1).selectExpr(f"id + {time.time_ns()} AS x").collect()
+    return metrics.METRIC_COMPILATION_TIME().getCount() > before
+
+
 def test_a_batch_after_a_small_one_interprets_its_expressions_and_one_after_a_large_one_compiles(spark, env):
     """conf spark.interpreted_below_rows (5 here): each batch of a real query, one source version
     a batch, sets its session's expression mode from the rows the batch before read; a first
@@ -389,24 +400,31 @@ def test_a_batch_after_a_small_one_interprets_its_expressions_and_one_after_a_la
 
         def compute(self, df, ctx):
             total = df.selectExpr("sum(price * 2) AS s").first().s
-            seen.append((ctx.session.conf.get(EXPRESSIONS, None), df.count(), float(total)))
+            seen.append((ctx.session.conf.get(EXPRESSIONS, None), df.count(), float(total), _compiles(ctx.session)))
             return Result({}, {})
 
     query = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source).writeStream
              .queryName("sizes").foreachBatch(Sizes(spark, cfg, "sizes", "bronze.events", {}, books))
              .option("checkpointLocation", cfg.checkpoint("sizes")).trigger(availableNow=True).start())
     query.awaitTermination()
-    assert [s[:2] for s in seen] == [(None, 2), ("NO_CODEGEN", 2), ("NO_CODEGEN", 10), (None, 3)], seen
+    assert [s[:2] for s in seen] == [("FALLBACK", 2), ("NO_CODEGEN", 2), ("NO_CODEGEN", 10), ("FALLBACK", 3)], seen
     assert [s[2] for s in seen] == [3.0, 3.0, 135.0, 9.0]
+    # What the tasks did. The last batch runs inside its streaming part's execution, which ran
+    # under the setting the batch before left: its body's jobs compile all the same.
+    assert [s[3] for s in seen] == [True, False, False, True], seen
 
 
-def test_a_batch_after_a_watermark_only_one_is_sized_by_the_last_batch_that_read(spark, env):
+@pytest.mark.parametrize("fuses", [False, True])
+def test_a_batch_after_a_watermark_only_one_is_sized_by_the_last_batch_that_read(spark, env, fuses):
     """A stream runs a watermark-only batch whenever its watermark moved and nothing waits; it
-    reads nothing, and the batch after it is sized by the last batch that read (10 rows here,
-    compiled), not by the empty one (interpreted, whatever its size). Processing-time, with
-    deduplication within a watermark: a real query's own watermark-only batches."""
+    reads nothing, and the batch after it is sized by the last batch that read (10 rows here:
+    its jobs compile), not by the empty one (interpreted, whatever its size). A watermark-only
+    batch keeps the fusing of the batch before it, since the next batch's streaming part is
+    planned with it. Processing-time, deduplication within a watermark: a real query's own
+    watermark-only batches. (Fused, a job compiles whatever the expression mode: the modes are
+    read from the tasks unfused, the fusing from the session.)"""
     from common import accounting
-    from common.batch import EXPRESSIONS, WHOLE_STAGE, MicroBatch
+    from common.batch import WHOLE_STAGE, MicroBatch
     from common.outputs import Result
 
     cfg = load_config(env={**env, "LAKEHOUSE__SPARK__INTERPRETED_BELOW_ROWS": "5",
@@ -422,11 +440,11 @@ def test_a_batch_after_a_watermark_only_one_is_sized_by_the_last_batch_that_read
 
     class Quiet(MicroBatch):
         layer = "silver"
-        fuses_stages = True
+        fuses_stages = fuses
 
         def compute(self, df, ctx):
-            seen.append((ctx.read, df.count(), ctx.session.conf.get(EXPRESSIONS, None),
-                         ctx.session.conf.get(WHOLE_STAGE)))
+            seen.append((ctx.read, df.count(), ctx.session.conf.get(WHOLE_STAGE) == "true" if fuses
+                         else _compiles(ctx.session)))
             return Result({}, {})
 
     def wait_for(what, done):
@@ -444,23 +462,21 @@ def test_a_batch_after_a_watermark_only_one_is_sized_by_the_last_batch_that_read
     try:
         wait_for("watermark-only batch after the first", lambda: any(not r for r, *_ in seen))
         land(2, 1)
-        wait_for("batch of 2 rows", lambda: any(n == 2 for _, n, *_ in seen))
-        wait_for("watermark-only batch after it", lambda: [r for r, *_ in seen][-1] is False)
+        wait_for("batch of 2 rows", lambda: any(n == 2 for _, n, _ in seen))
+        wait_for("watermark-only batch after it", lambda: seen[-1][0] is False)
         land(3, 2)
-        wait_for("batch of 3 rows", lambda: any(n == 3 for _, n, *_ in seen))
+        wait_for("batch of 3 rows", lambda: any(n == 3 for _, n, _ in seen))
     finally:
         query.stop()
-    reading = [s for s in seen if s[0]]
-    # Compiled after the first batch's 10 rows, though a watermark-only batch came between;
-    # interpreted after the 2 rows of the batch before, watermark-only batch or not.
-    assert [(n, mode) for _, n, mode, _ in reading] == [(10, None), (2, None), (3, "NO_CODEGEN")], seen
-    assert [fused for *_, fused in reading] == ["true", "true", "false"], seen
-    # A watermark-only batch keeps the fusing of the batch that read before it: the next
-    # batch's streaming part is planned with it.
-    empty = [(i, s) for i, s in enumerate(seen) if not s[0]]
-    assert empty and all(s[1] == 0 for _, s in empty), seen
-    before = {i: next(r for r in reversed(seen[:i]) if r[0]) for i, _ in empty}
-    assert all(s[3] == ("true" if before[i][1] >= 5 else "false") for i, s in empty), seen
+    reading = [(n, chosen) for read, n, chosen in seen if read]
+    # Compiled / fused after the first batch's 10 rows, though a watermark-only batch came
+    # between; not after the 2 rows of the batch before, watermark-only batch or not.
+    assert reading == [(10, True), (2, True), (3, False)], seen
+    empty = [i for i, (read, n, _) in enumerate(seen) if not read]
+    assert empty and all(seen[i][1] == 0 for i in empty), seen
+    if fuses:
+        last_read = {i: next(n for read, n, _ in reversed(seen[:i]) if read) for i in empty}
+        assert all(seen[i][2] == (last_read[i] >= 5) for i in empty), seen
 
 
 @pytest.mark.parametrize("fuses", [True, False])
