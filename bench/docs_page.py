@@ -927,6 +927,24 @@ Where the time goes is fixed costs, not rows:
   14.7 s (3.27 s per 10,000 rows); not fused, 37.4 against 16.4 s (2.28x), 60.6 against 25.1 s
   (2.41x), 13.9 s (3.22 s per 10,000 rows): on saturated cores the same within the noise. At 200
   events/s (fused only from a first batch): 65.6 / 61.7 s = 1.06x and 97.2 / 92.1 s = 1.05x.
+- Compiled after a small batch (2026-12-07, `439fffb`, `ee72373`). A JFR profile of the heavy
+  stream (5,000 events/s) had 40% of the JVM's samples in interpreted expressions and orderings
+  (the sliding activity is a sort-based aggregation, its max_by keeping a string, and
+  interpreted, its sort by the window struct builds a new ordering for every comparison), all
+  inside the gold batches that followed a watermark-only one. Two faults. The
+  batch after a watermark-only one was sized by its 0 rows, so interpreted: it is now sized by
+  the last batch that read. And a body chose "compiled" by unsetting Spark's mode, but a body
+  runs inside its streaming part's execution, which had put the session's setting of the batch
+  before (interpreted) in the thread's properties, where a job finds a setting its session
+  lacks: the batch after any small one ran interpreted whatever its size. Compiled is now set
+  (`FALLBACK`); the tests read the mode from what the tasks did (a class compiled or not). The
+  heavy stream for 180 s, one file a second, in one hour: landing -> silver p95 57.2 / 54.3 /
+  55.8 s and gold 105.1 / 87.7 / 94.8 s before, 50.0 s and 70.9 s after. `make bench ONLY=d`
+  (heavy) before and after, 50 minutes apart: silver 46.6 against plain 19.5 s (2.39x), gold 76.8
+  against 30.5 s (2.52x); after, 29.0 against 10.5 s (2.77x), 51.4 against 15.8 s (3.26x): the
+  machine faster in the second hour (plain's p95 halved), the plain run's cores 90% busy instead
+  of 98%, the pipeline's 99% in both, so the ratio grew while both latencies fell. (g) at
+  200,000 events after: 1.24x.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
