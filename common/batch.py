@@ -202,8 +202,8 @@ class MicroBatch(QueryBody):
         return self.fuses_stages and fused_from > 0 and (rows is None or rows >= fused_from)
 
     def previous_rows(self) -> int | None:
-        """Rows the query's last batch that read any read (None: none yet in this run, or no such
-        query). A watermark-only batch reads nothing and says nothing of the next one's size: a
+        """Rows read by the query's last batch that read any (None: none yet in this run, or no
+        such query). A watermark-only batch reads nothing and says nothing of the next one's size: a
         heavy stream runs one between two large batches whenever its watermark moves and no file
         is waiting, and the large batch after it ran interpreted."""
         for query in self.spark.streams.active:
