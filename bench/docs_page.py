@@ -945,6 +945,21 @@ Where the time goes is fixed costs, not rows:
   machine faster in the second hour (plain's p95 halved), the plain run's cores 90% busy instead
   of 98%, the pipeline's 99% in both, so the ratio grew while both latencies fell. (g) at
   200,000 events after: 1.24x.
+- Classes compiled again every batch (2026-12-07; tried, not kept). Spark writes a literal long or
+  timestamp into the Java source it compiles, and caches classes by their source: a plan that
+  differs from the last batch's only by the batch's id, watermark or frontier is a new class,
+  compiled by Janino and then warmed by the JIT again. Codegen's debug log of run-all fed at 2,000
+  events/s for 150 s: once warm, 415 classes in 106 s, 333 of them such variants (6.9 of Janino's
+  9.2 s), silver's late filter the largest (168 KB of source, compiled in every batch that dropped
+  late events). A Java function that takes the value as digits in a binary literal (which the class
+  reads from its references, and which the optimizer does not fold into a literal) removed the
+  pipeline's own: 277 classes, 6.2 s, the rest Delta's (its data-skipping filters hold a MERGE's or
+  an UPDATE's literal bounds, which the pipeline keeps so that Delta skips files; its log replay)
+  and Spark's (a batch's timestamp). But the JIT's time on generated classes did not fall (JFR over
+  the whole run: 22.6 s before, 27.7 s after), nor did latency: two alternated pairs at 2,000
+  events/s, landing -> silver p95 23.5 and 22.5 s before, 24.9 and 23.3 s after; gold 38.5 and 39.7
+  s against 40.1 and 39.2 s. Janino's 3 s in 106 is about 1.4% of two cores: not worth a JVM module
+  and a function in every batch's plan.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
