@@ -960,6 +960,12 @@ Where the time goes is fixed costs, not rows:
   events/s, landing -> silver p95 23.5 and 22.5 s before, 24.9 and 23.3 s after; gold 38.5 and 39.7
   s against 40.1 and 39.2 s. Janino's 3 s in 106 is about 1.4% of two cores: not worth a JVM module
   and a function in every batch's plan.
+- Fewer C2 compilations (2026-12-07; tried, not kept). The JIT's threads stay busy for minutes of a
+  processing-time run (29% of its CPU at 5,000 events/s). Raising C2's thresholds fourfold
+  (`-XX:Tier4InvocationThreshold=20000 -XX:Tier4CompileThreshold=60000`, and the back-edge and
+  minimum ones with them), so that only the hottest methods reach C2: two alternated pairs at
+  2,000 events/s, landing -> gold p95 41.3 and 41.9 s at the defaults, 44.8 and 44.6 s raised;
+  silver 27.7 and 24.4 s against 28.0 and 24.9 s.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
