@@ -953,9 +953,10 @@ Where the time goes is fixed costs, not rows:
   9.2 s), silver's late filter the largest (168 KB of source, compiled in every batch that dropped
   late events). A Java function that takes the value as digits in a binary literal (which the class
   reads from its references, and which the optimizer does not fold into a literal) removed the
-  pipeline's own: 277 classes, 6.2 s, the rest Delta's (its data-skipping filters hold a MERGE's or
-  an UPDATE's literal bounds, which the pipeline keeps so that Delta skips files; its log replay)
-  and Spark's (a batch's timestamp). But the JIT's time on generated classes did not fall (JFR over
+  pipeline's own from its batch plans: 277 classes, 6.2 s, the variants left mostly Delta's (its
+  data-skipping filters hold a MERGE's or an UPDATE's literal bounds, which the pipeline keeps so
+  that Delta skips files; its log replay), Spark's (a batch's timestamp) and the ops rows' literal
+  plans. But the JIT's time on generated classes did not fall (JFR over
   the whole run: 22.6 s before, 27.7 s after), nor did latency: two alternated pairs at 2,000
   events/s, landing -> silver p95 23.5 and 22.5 s before, 24.9 and 23.3 s after; gold 38.5 and 39.7
   s against 40.1 and 39.2 s. Janino's 3 s in 106 is about 1.4% of two cores: not worth a JVM module
