@@ -969,16 +969,22 @@ Where the time goes is fixed costs, not rows:
   silver 27.7 and 24.4 s against 28.0 and 24.9 s.
 - A windowed table's fold as one aggregation (2026-12-07; probed, not kept). A gold batch folds
   its part of each window into the table's open rows with a full join (`gold.transform.combine`):
-  three exchanges (the batch's aggregation, its part again by the join keys, which `<=>` turns into
-  `coalesce`/`isnull` pairs, and the table's rows), two sorts and a sort-merge join. The same fold as
-  one aggregation over the batch's events, each as its contribution to a measure, unioned with the
-  table's rows (sums add, extremes compare, `max_by` keeps its ordering's extreme): one exchange,
-  no sort, the same rows. The hourly sightings of 50 events over 3 windows, in one process: warm,
-  0.058-0.073 s against 0.048-0.055 s (medians of 15, three rounds); the first fold of a fresh
-  JVM, three alternated pairs, 1.35 / 1.76 / 1.59 s against 1.55 / 1.71 / 1.85 s. A real batch's
-  fold takes 1.2-1.3 s (above) for what warm takes 60 ms: it pays compilation and waits for a
-  core, not exchanges. Not kept: 10 ms a table warm, and nothing cold, against a second way to
-  fold (the distinct kind's sets, and `max_by`'s ties, which the join breaks toward the table).
+  three exchanges (the batch's aggregation, its part again by the join keys, which `<=>` turns
+  into `coalesce`/`isnull` pairs, and the table's rows), two sorts and a sort-merge join. The same
+  fold as one aggregation over the batch's events, each as its contribution to a measure, unioned
+  with the table's rows (sums add, extremes compare, `max_by` keeps its ordering's extreme): one
+  exchange, no sort, the same rows. The hourly sightings of 50 events over 3 windows, in one
+  process: warm, 0.058-0.073 s against 0.048-0.055 s (medians of 15, three rounds); the first fold
+  of a fresh JVM, three alternated pairs, 1.35 / 1.76 / 1.59 s against 1.55 / 1.71 / 1.85 s. A
+  real batch's fold took 1.2-1.3 s (above), and a fresh JVM's first fold takes as long with one
+  exchange as with three: that time is not the exchanges' (each batch's literals compile anew,
+  above). Not kept: 10 ms a table warm, and nothing cold, against a second way to fold (the
+  distinct kind's sets, and `max_by`'s ties, which the join breaks toward the table).
+- (d) again (2026-12-07 13:36, `c5f1288`: the code of the runs after `ee72373` above, a docstring
+  apart): heavy, landing -> silver p95 24.94 s against plain 15.71 s (1.59x), gold 41.98 against
+  23.67 s (1.77x), cores 99% and 98% busy; light, 66.15 / 61.77 s = 1.07x and 98.28 / 92.01 s =
+  1.07x, cores 40% and 17%. The same code gave 2.77x and 3.26x at heavy load earlier in the day:
+  on saturated cores the ratio measures the hour as much as the pipeline.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
