@@ -72,18 +72,63 @@ class KeptFailure:
 
     @contextlib.contextmanager
     def keep(self):
-        """Around a batch's work: a typed error it raises is kept, then raised on to Spark."""
+        """Around a batch's work: a typed error it raises is kept, then raised on to Spark. Work
+        the query's stop interrupted is raised on as a short BatchInterrupted (see there)."""
         try:
             yield
         except LakehouseError as e:
             with self._lock:
                 self._error = e             # the last one wins
             raise
+        except Exception as e:
+            if interrupted(e):
+                raise BatchInterrupted(e) from None
+            raise
 
     @property
     def error(self) -> LakehouseError | None:
         with self._lock:
             return self._error
+
+
+class BatchInterrupted(LakehouseError):
+    """A batch's Spark work interrupted by its query's stop (its job cancelled, its call's thread
+    interrupted), raised in place of Spark's error.
+
+    Spark 4.1 reads the error of a Python foreachBatch to tell a stop from a failure: it matches
+    the Python traceback's text with `StreamExecution.PROXY_ERROR`, whose `(.|\\r\\n|\\r|\\n)*`
+    recurses once per character, and the JVM stack trace inside a Py4JJavaError (7-8 KB) is enough
+    to overflow the stream thread's stack: a StackOverflowError and its thousand frames in the log
+    of every query stopped mid-batch (a failure elsewhere stops the others), the thread dying on
+    it instead of finishing the stop Spark's way. Raised `from None`, so that the traceback Spark
+    reads is a few frames long, and worded so that its pattern recognises it (the call's name,
+    then the interruption's class)."""
+
+    def __init__(self, cause: BaseException):
+        first = str(cause).split("\n", 1)[0].strip()
+        call = first if first.startswith(_PY4J_CALL) else f"{_PY4J_CALL} the batch's Spark work."
+        super().__init__(f"this batch's Spark work was interrupted (its query stopped or its job "
+                         f"cancelled): py4j.protocol.Py4JJavaError: {call}\n: {_INTERRUPTIONS[0]}")
+
+
+_PY4J_CALL = "An error occurred while calling"
+# What a stop leaves behind a batch's error: the thread of its call interrupted (as Spark's own
+# pattern lists them), or its job cancelled.
+_INTERRUPTIONS = ("java.lang.InterruptedException", "java.io.InterruptedIOException",
+                  "java.nio.channels.ClosedByInterruptException")
+_CANCELLED = "SPARK_JOB_CANCELLED"
+
+
+def interrupted(error: BaseException) -> bool:
+    """Whether a JVM interruption or a cancelled Spark job is behind `error`."""
+    from common.internals import is_jvm_instance
+
+    for t in jvm_chain(error):
+        if any(is_jvm_instance(t, c) for c in _INTERRUPTIONS):
+            return True
+        if is_jvm_instance(t, "org.apache.spark.SparkThrowable") and t.getCondition() == _CANCELLED:
+            return True
+    return False
 
 
 # --- Spark's failures ------------------------------------------------------------------------

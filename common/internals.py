@@ -126,11 +126,18 @@ def jvm_throwable(error: BaseException):
     public accessor; a foreachBatch error keeps only the text of the batch's error, so the
     search follows PySpark's `_cause` to the one that has an origin. Needed to recognise
     failures by their JVM exception classes instead of the text of a stack trace."""
-    origin = getattr(error, "_origin", None)
+    origin = _origin(error)
     while origin is None and getattr(error, "_cause", None) is not None:
         error = error._cause
-        origin = getattr(error, "_origin", None)
+        origin = _origin(error)
     return origin
+
+
+def _origin(error: BaseException):
+    # py4j's own error (a call PySpark does not convert, such as a collect in a batch's body)
+    # keeps the Throwable as `java_exception`.
+    origin = getattr(error, "_origin", None)
+    return origin if origin is not None else getattr(error, "java_exception", None)
 
 
 def is_jvm_instance(java_object, java_class: str) -> bool:

@@ -7,8 +7,8 @@ import pytest
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import functions as F
 
-from common.errors import (JobError, LakehouseError, QueryFailed, caused_by, command, describe,
-                           KeptFailure, exit_code, spark_condition)
+from common.errors import (BatchInterrupted, JobError, LakehouseError, QueryFailed, caused_by, command,
+                           describe, KeptFailure, exit_code, interrupted, spark_condition)
 
 
 def test_a_spark_error_is_known_by_its_condition(spark, tmp_path):
@@ -63,6 +63,44 @@ def test_a_batch_hands_its_typed_error_to_the_runner(spark, tmp_path):
     failed = QueryFailed("typed_errors_probe", caught.value)
     assert failed.condition and str(failed).startswith("query typed_errors_probe failed: ")
     assert exit_code(typed) == 2 and exit_code(caught.value) == 1
+
+
+def test_a_batch_stopped_mid_job_ends_as_a_stop_not_a_stack_overflow(spark, tmp_path):
+    """Stopped while its batch's job runs, a query ends the way Spark ends a stop ("Stopped", no
+    error), where Spark's reading of the long interrupted-call error overflowed its stream
+    thread's stack; the body raises a short BatchInterrupted, which is no failure to keep."""
+    import threading
+    import time
+
+    running, raised = threading.Event(), []
+
+    class Body:
+        def __init__(self):
+            self.failure = KeptFailure()
+
+        def __call__(self, df, batch_id):
+            running.set()
+            try:
+                with self.failure.keep():
+                    (df.sparkSession.range(1).repartition(1)
+                     .selectExpr("java_method('java.lang.Thread', 'sleep', 120000L)").collect())
+            except BaseException as e:
+                raised.append(e)
+                raise
+
+    body = Body()
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+             .writeStream.queryName("stopped_mid_job_probe").foreachBatch(body)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    assert running.wait(60)
+    time.sleep(1)                                   # the sleeping task has started
+    query.stop()
+    assert query.exception() is None
+    assert query.status["message"] == "Stopped"     # Spark's own end of a stop
+    (error,) = raised
+    assert isinstance(error, BatchInterrupted) and len(str(error)) < 300, error
+    assert body.failure.error is None
+    assert interrupted(error) is False and not interrupted(ValueError("no JVM behind it"))
 
 
 def test_a_tool_ends_on_our_error_with_its_message_and_code(capsys):
