@@ -956,10 +956,10 @@ Where the time goes is fixed costs, not rows:
   pipeline's own from its batch plans: 277 classes, 6.2 s, the variants left mostly Delta's (its
   data-skipping filters hold a MERGE's or an UPDATE's literal bounds, which the pipeline keeps so
   that Delta skips files; its log replay), Spark's (a batch's timestamp) and the ops rows' literal
-  plans. But the JIT's time on generated classes did not fall (JFR over
-  the whole run: 22.6 s before, 27.7 s after), nor did latency: two alternated pairs at 2,000
-  events/s, landing -> silver p95 23.5 and 22.5 s before, 24.9 and 23.3 s after; gold 38.5 and 39.7
-  s against 40.1 and 39.2 s. Janino's 3 s in 106 is about 1.4% of two cores: not worth a JVM module
+  plans. But the JIT's time on generated classes did not fall (JFR over the whole run: 22.6 s
+  before, 27.7 s after), nor did latency: two alternated pairs at 2,000 events/s, landing ->
+  silver p95 23.5 and 22.5 s before, 24.9 and 23.3 s after; gold 38.5 and 39.7 s against 40.1
+  and 39.2 s. Janino's 3 s in 106 is about 1.4% of two cores: not worth a JVM module
   and a function in every batch's plan.
 - Fewer C2 compilations (2026-12-07; tried, not kept). The JIT's threads stay busy for minutes of a
   processing-time run (29% of its CPU at 5,000 events/s). Raising C2's thresholds fourfold
@@ -985,6 +985,27 @@ Where the time goes is fixed costs, not rows:
   23.67 s (1.77x), cores 99% and 98% busy; light, 66.15 / 61.77 s = 1.07x and 98.28 / 92.01 s =
   1.07x, cores 40% and 17%. The same code gave 2.77x and 3.26x at heavy load earlier in the day:
   on saturated cores the ratio measures the hour as much as the pipeline.
+- Both runs' JVMs at the heavy rate, side by side (2026-12-07 15:34, `ff6d304`; JFR's profile
+  settings on each driver, one 180-s feed at 5,000 events/s each, the same feed): landing -> silver
+  p95 33.6 s against plain 13.3 s, gold 48.4 against 19.4 s. JFR's CPU load: the pipeline's JVM
+  411.5 core-s in 218 s, the plain one's 393.7 in 216 s, the machine 99% and 95% busy: at this rate
+  each run's JVM takes the two cores whole, so CPU totals cannot rank them (plain spends on many
+  small batches, 1-s triggers, what the pipeline's larger ones need). Its Java samples by what they
+  were doing (first match of: per-task source generation, Janino, Java serialization, Delta's file
+  statistics, JSON, Parquet, state store, sort, aggregation, shuffle), pipeline / plain: tasks
+  generating Java source 16.6% / 23.1%, Java serialization of tasks and closures 12.2 / 17.8, JSON
+  parsing 7.4 / 7.2, shuffle 9.0 / 4.5, sort 4.0 / 1.7, Parquet writing 4.1 / 2.1, Delta's file
+  statistics 1.7 / 1.3, state stores 1.1 / 2.5, Janino 2.6 / 0.6, the driver's planning 9.1 / 10.5
+  and Delta log and snapshot work 5.3 / 6.7. The largest share is the same in both and is Spark's:
+  each task builds its projections anew (`UnsafeProjection.create`, no cache by expression; the
+  compiled class is cached, Janino ran in 123 of the pipeline's 1,453 such samples), 26.5% of the
+  pipeline's task samples, and about half of that is text work on the source:
+  `CodegenContext.buildCodeBlocks` runs a comment-stripping regex over each expression's code only
+  to measure its length for method splitting, and `stripMargin` over every block. No setting skips
+  either; a Spark that measured without the regex, or cached generated code by its expressions,
+  would lighten both runs. No hot spot of the pipeline's own stands out: where its shares are
+  larger (sort, shuffle, Parquet writing: the folds' joins, the MERGEs' rewrites, the tables plain
+  Spark does not write), the samples are spread over many operators.
 - Run to run, the same command varies by about 10% on this machine, and its speed drifts by up to
   3x over a day (the ceiling (a) at 20,000 events: 62,532 events/s at 16:42, 20,956 at 23:04;
   the baseline (g): 15.8 s, then 35.4 s): compare figures of one run, never across runs.
