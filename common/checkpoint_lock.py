@@ -39,12 +39,17 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointBusy(JobError):
-    """Another instance holds the checkpoint (message names the holder)."""
+    """Another instance holds the checkpoint (message names the holder; `holder` alone, for a
+    caller that waits for it rather than refusing)."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
 
 
-def _refusal(path, holder: str) -> str:
-    return (f"checkpoint {path} is in use by {holder}: another instance of this job is running; "
-            f"stop it first")
+def _refusal(path, holder: str) -> CheckpointBusy:
+    return CheckpointBusy(f"checkpoint {path} is in use by {holder}: another instance of this job is "
+                          f"running; stop it first", holder)
 
 
 class _FileLock:
@@ -62,7 +67,7 @@ class _FileLock:
             f.seek(0)
             holder = f.read().strip() or "another process"
             f.close()
-            raise CheckpointBusy(_refusal(self.path.with_suffix(""), holder)) from None
+            raise _refusal(self.path.with_suffix(""), holder) from None
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -235,7 +240,7 @@ class _Lease:
                     break
                 if now.get("owner") != lease["owner"] or float(now.get("expires", 0)) != expires:
                     holder = now.get("owner", "another process")
-                    raise CheckpointBusy(_refusal(self.path.with_suffix(""), f"{holder} (it renews its lease)"))
+                    raise _refusal(self.path.with_suffix(""), f"{holder} (it renews its lease)")
                 # A holder of this machine killed just before (a crash, then an immediate restart)
                 # can still be dying when the start looks: its JVM tearing down gigabytes of heap,
                 # or dead and not yet reaped. Gone since, it need not be watched until expiry.
@@ -246,8 +251,8 @@ class _Lease:
         time.sleep(self.settle)
         lease = self._read() or {}
         if lease.get("owner") != self.owner:
-            raise CheckpointBusy(_refusal(self.path.with_suffix(""), f"{lease.get('owner', 'another process')} "
-                                          f"(it took the lease as this one started)"))
+            raise _refusal(self.path.with_suffix(""), f"{lease.get('owner', 'another process')} "
+                                                      f"(it took the lease as this one started)")
         self.held = True
         _mark_descendants(self.process)
 

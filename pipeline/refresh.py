@@ -204,8 +204,8 @@ def live_lock(cfg, target: Target, wait_s: float, state: dict):
             if not asked:
                 handover.ask(cfg, query, state["id"], state["logic"]["hash"], state["code"], target.only)
                 asked = True
-                log.info(f"refresh {query}: the live {query} query runs ({e}); asked it to hand its "
-                         f"checkpoint over after its current batch")
+                log.info(f"refresh {query}: the live {query} query runs ({e.holder or e}); asked it to "
+                         f"hand its checkpoint over after its current batch")
             if time.monotonic() >= deadline:
                 handover.withdraw(cfg, query)
                 raise JobError(

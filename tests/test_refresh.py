@@ -464,7 +464,7 @@ def waiter(proc, log_path: Path):
     return wait_for
 
 
-def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_after(spark, tmp_path):
+def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_after(spark, tmp_path, logged):
     """run-all streams in a process of its own (processing-time) with a copy of conf/. The
     session gap is changed on disk and gold refreshed: the process hands gold's checkpoint over
     between two batches, with bronze and silver never stopped, then reloads its configuration and
@@ -500,6 +500,9 @@ def test_a_running_pipeline_hands_gold_over_to_the_refresh_and_runs_its_logic_af
         assert logic_hash(new) != logic_hash(old)
         done = refresh(spark, new, "gold", wait_s=240)
         assert "handing the checkpoint over to refresh " + done["id"] in log_path.read_text()
+        # the refresh names the process it waits for, without the advice of a refused start
+        (asked,) = [m for m in logged.messages if "asked it to hand its checkpoint over" in m]
+        assert "(pid " in asked and "stop it first" not in asked, asked
         wait_for("the process to take gold back", lambda: "runs its logic from now on" in log_path.read_text(), 60)
         # the next round: cam-0001 at 14:00 and 14:20 is two sessions by the 10-minute gap
         land(new, 2)
