@@ -33,7 +33,7 @@ TOOLS = {
     "changes": ("audit.changes", "A table's change feed: inserts, updates, deletes."),
     "restore": ("audit.restore", "Roll a table back to a version (asks first)."),
     "backfill": ("gold.backfill", "Fold the kept late events into the gold rows they belong to."),
-    "refresh": ("pipeline.refresh", "Rebuild gold from silver beside the live tables, then switch."),
+    "refresh": ("pipeline.refresh", "Rebuild gold, or silver and gold, beside the live tables."),
     "maintain": ("pipeline.maintenance", "Compact and VACUUM every table, trim the ops tables."),
     "chaos": ("chaos.__main__", "kill -9 the pipeline at random points, then audit."),
     "bench": ("bench.run", "Throughput, incremental cost, latency and state bench."),

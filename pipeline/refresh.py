@@ -1,8 +1,10 @@
-"""lakehouse refresh: recompute gold from silver with today's code and profile, while the pipeline
-keeps running, and switch readers to it in one commit per table (blue/green).
+"""lakehouse refresh: recompute gold from silver (or silver from bronze, then gold) with today's
+code and profile, while the pipeline keeps running, and switch readers to it in one commit per
+table (blue/green).
 
     lakehouse refresh gold                     # every table of the gold query
     lakehouse refresh gold.device_sessions     # the query that writes it, with its tables
+    lakehouse refresh silver                   # silver from bronze's raw records, then gold
     make refresh TABLE=gold
 
 1. Build, beside the live tables: the gold flow itself (gold/job.py) runs from the start of silver
@@ -14,8 +16,9 @@ keeps running, and switch readers to it in one commit per table (blue/green).
    the switch on the swapped checkpoint, with bronze and silver never stopped
    (pipeline/handover.py); the refresh waits --wait seconds for it, then stops with what to do,
    its shadow kept. One last round reads what silver gained, then each live table is
-   overwritten with its shadow's rows in one commit. A reader sees the old version or the new one, never an empty or a partial table,
-   and the old one stays readable by time travel until retention. The commit's lineage is the
+   overwritten with its shadow's rows in one commit. A reader sees the old version or the new
+   one, never an empty or a partial table, and the old one stays readable by time travel until
+   retention. The commit's lineage is the
    shadow's last batch (query id, batch, silver version, watermark, the logic's hash) and
    `refresh` (id, code version, profile, the silver version covered, the checkpoint replaced),
    so gold/owner.py takes the shadow's checkpoint as the table's writer and the audit proves the
