@@ -123,11 +123,14 @@ def interrupted(error: BaseException) -> bool:
     """Whether a JVM interruption or a cancelled Spark job is behind `error`."""
     from common.internals import is_jvm_instance
 
-    for t in jvm_chain(error):
-        if any(is_jvm_instance(t, c) for c in _INTERRUPTIONS):
-            return True
-        if is_jvm_instance(t, "org.apache.spark.SparkThrowable") and t.getCondition() == _CANCELLED:
-            return True
+    try:
+        for t in jvm_chain(error):
+            if any(is_jvm_instance(t, c) for c in _INTERRUPTIONS):
+                return True
+            if is_jvm_instance(t, "org.apache.spark.SparkThrowable") and t.getCondition() == _CANCELLED:
+                return True
+    except Exception:   # noqa: BLE001 - a JVM going away: the batch's own error is raised as it is
+        return False
     return False
 
 

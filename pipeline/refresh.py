@@ -18,13 +18,12 @@ table (blue/green).
    its shadow kept. One last round reads what silver gained, then each live table is
    overwritten with its shadow's rows in one commit. A reader sees the old version or the new
    one, never an empty or a partial table, and the old one stays readable by time travel until
-   retention. The commit's lineage is the
-   shadow's last batch (query id, batch, silver version, watermark, the logic's hash) and
-   `refresh` (id, code version, profile, the silver version covered, the checkpoint replaced),
-   so gold/owner.py takes the shadow's checkpoint as the table's writer and the audit proves the
-   version with the logic that made it. The shadow checkpoint then replaces the live one: the
-   next gold run goes on from where the refresh stopped, and what silver gains meanwhile is read
-   once, by that run.
+   retention. The commit's lineage is the shadow's last batch (query id, batch, silver version,
+   watermark, the logic's hash) and `refresh` (id, code version, profile, the silver version
+   covered, the checkpoint replaced), so gold/owner.py takes the shadow's checkpoint as the
+   table's writer and the audit proves the version with the logic that made it. The shadow
+   checkpoint then replaces the live one: the next gold run goes on from where the refresh
+   stopped, and what silver gains meanwhile is read once, by that run.
 
 A kill at any point is finished by running the refresh again: before the switch it resumes the
 build from the shadow's checkpoint (rebuilt from scratch if the profile changed since); during

@@ -426,8 +426,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
     where = f"topic {topic} at {cfg.kafka.bootstrap_servers}" if topic else f"{len(files)} files in {cfg.landing}"
     c = batch.counts
     log.info(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
-             f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} landing out of order by up "
-             f"to {_duration(params.max_lateness_s)}) to {where}",
+             f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} landing out of "
+             f"order by up to {_duration(params.max_lateness_s)}) to {where}",
              extra=fields(event="generated", records=len(batch.records), **batch.counts, sink=args.sink,
                           files=len(files), topic=topic, landing=None if topic else str(cfg.landing)))
     log.info(f"event time {_iso(params.start_ms)} + {batch.span_s / 3600:.1f} h; {session_stats.describe(sessions)}",
