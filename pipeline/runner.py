@@ -284,6 +284,7 @@ class Runner:
         self.failures: list[tuple[str, int]] = []      # (message, exit code)
         self.validation: Validation | None = None
         self.locks = None                               # the CheckpointLocks run() holds
+        self._signals = False                           # install_signals() was called
 
     # --- signals: one handler for the whole application ---
     def request_stop(self, signum=None, _frame=None) -> None:
@@ -298,6 +299,7 @@ class Runner:
     def install_signals(self) -> None:
         import signal
 
+        self._signals = True
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.request_stop)
 
@@ -323,6 +325,10 @@ class Runner:
         if self.spark is None:
             names = "+".join(layer.name for layer in self.layers)
             self.spark = build_spark(self.cfg, f"{self.cfg.spark.app_name}:{names}")
+            if self._signals:
+                # PySpark's SparkContext takes SIGINT as it starts (it cancels every job and
+                # raises KeyboardInterrupt): Ctrl-C stops after the current batches, as SIGTERM.
+                self.install_signals()
         recorder = ProgressRecorder(self.spark, self.cfg)
         self.spark.streams.addListener(recorder)
         try:
