@@ -107,6 +107,9 @@ class ProgressRecorder(StreamingQueryListener):
     # --- listener callbacks (Spark's listener bus thread) ---
     def onQueryStarted(self, event) -> None:
         self._running[str(event.id)] = event.name
+        # A query that has run no batch yet (nothing new to read) is running all the same.
+        self._rows.put({"event": "started", "query_name": event.name, "query_id": str(event.id),
+                        "run_id": str(event.runId), "timestamp": datetime.now(timezone.utc)})
 
     def onQueryProgress(self, event) -> None:
         row = progress_row(json.loads(event.progress.json))

@@ -121,6 +121,31 @@ def test_a_failed_query_records_its_error_and_status_shows_it(spark, cfg, record
     assert "disk full on purpose" in failed
 
 
+def test_a_query_started_again_with_nothing_to_read_is_running(spark, cfg, recorded):
+    """Its latest batch is its last run's, and that run ended: its start says it runs now."""
+    import time
+
+    recorder, _ = recorded
+    path = source_table(spark, cfg, 1)
+    run_query(spark, cfg, path, "silver")
+    query = (spark.readStream.format("delta").load(path).writeStream.queryName("silver")
+             .foreachBatch(lambda df, batch_id: None).option("checkpointLocation", cfg.checkpoint("silver"))
+             .trigger(processingTime="1 second").start())
+    try:
+        deadline, state = time.monotonic() + 30, None
+        while state != "running" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            recorder.flush()
+            (row,) = [r for r in status.query_status(spark, cfg) if r["query"] == "silver"]
+            state = row["state"]
+        assert state == "running" and row["batch"] == 0, row
+    finally:
+        query.stop()
+    recorder.close()
+    (row,) = [r for r in status.query_status(spark, cfg) if r["query"] == "silver"]
+    assert row["state"] == "stopped", row
+
+
 def test_status_reports_lag_behind_a_delta_source(spark, cfg, recorded, capsys):
     recorder, _ = recorded
     path = source_table(spark, cfg, 2)

@@ -67,6 +67,21 @@ def error_summary(text: str, width: int = 160) -> str:
     return (own[-1] if own else lines[0])[:width]
 
 
+def is_running(run_id: str, at, start, end) -> bool:
+    """Whether a query runs now, from its latest batch (`run_id` at `at`, None if none) and its
+    latest start and end events. The run now is the latest start's when it came after the latest
+    batch (a query started again that has had nothing to read), else the batch's; it runs unless
+    that run has ended. Tables written before starts were recorded have none: there an end
+    belongs to the run now when it came after the latest batch."""
+    if start is not None and (at is None or start.timestamp > at):
+        run_id = start.run_id
+    if end is None:
+        return True
+    if end.run_id == run_id:
+        return False
+    return start is not None or (at is not None and end.timestamp < at)
+
+
 def query_status(spark, cfg) -> list[dict]:
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
@@ -82,6 +97,8 @@ def query_status(spark, cfg) -> list[dict]:
         ends = progress.where("event = 'terminated' AND query_name IS NOT NULL").orderBy("timestamp").collect()
         last_end = {r.query_name: r for r in ends}
         last_error = {r.query_name: r for r in ends if r.error}
+        starts = progress.where("event = 'started' AND query_name IS NOT NULL").orderBy("timestamp").collect()
+        last_start = {r.query_name: r for r in starts}
         for r in latest:
             rows[r.query_name] = {
                 "query": r.query_name, "batch": r.batch_id,
@@ -93,11 +110,11 @@ def query_status(spark, cfg) -> list[dict]:
                 "state_rows": r.state_rows, "state_mb": None if r.state_memory_bytes is None
                 else round(r.state_memory_bytes / 2**20, 1),
                 "watermark": r.watermark, "_run": r.run_id}
-        for name in set(last_end) - set(rows):       # failed before finishing any batch
-            rows[name] = {"query": name, "_run": last_end[name].run_id}
+        for name in (set(last_end) | set(last_start)) - set(rows):   # no batch finished yet
+            rows[name] = {"query": name, "_run": (last_start.get(name) or last_end[name]).run_id}
         for name, row in rows.items():
             end = last_end.get(name)
-            running = end is None or end.run_id != row["_run"] and end.timestamp < row["at"]
+            running = is_running(row["_run"], row.get("at"), last_start.get(name), end)
             row["state"] = "running" if running else ("failed" if end.error else "stopped")
             if name in last_error:
                 row["last_error"] = error_summary(last_error[name].error)
