@@ -86,14 +86,15 @@ DQ_RESULTS = StructType([
 ])
 
 # ops.query_progress: every progress event of every streaming query (common/progress.py),
-# plus one row when a query terminates (event = 'terminated', with its error if it failed).
+# plus one row when a query starts (event = 'started') and one when it terminates
+# (event = 'terminated', with its error if it failed).
 QUERY_PROGRESS = StructType([
-    StructField("event", StringType(), False),          # 'progress' | 'terminated'
+    StructField("event", StringType(), False),          # 'started' | 'progress' | 'terminated'
     StructField("query_name", StringType(), True),
     StructField("query_id", StringType(), False),
     StructField("run_id", StringType(), False),
     StructField("batch_id", LongType(), True),
-    StructField("timestamp", TimestampType(), False),   # trigger start (progress) or termination
+    StructField("timestamp", TimestampType(), False),   # trigger start (progress), start or termination
     StructField("input_rows", LongType(), True),
     StructField("input_rows_per_second", DoubleType(), True),
     StructField("processed_rows_per_second", DoubleType(), True),
