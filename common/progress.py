@@ -99,14 +99,17 @@ class ProgressRecorder(StreamingQueryListener):
         self.flush_seconds = cfg.monitoring.progress_flush.seconds
         self.log_batches = cfg.monitoring.log_batches
         self._rows: queue.Queue = queue.Queue()
-        self._running: dict[str, str | None] = {}     # query id -> name
+        # Run id -> name. By run, not by query id: a query started again on its checkpoint keeps
+        # its id, Spark calls onQueryStarted synchronously in start() but delivers the last run's
+        # termination later, on its bus, and that termination must not take the new run's entry.
+        self._running: dict[str, str | None] = {}
         self._stop = threading.Event()
         self._writer = threading.Thread(target=self._run, name="progress-writer", daemon=True)
         self._writer.start()
 
     # --- listener callbacks (Spark's listener bus thread) ---
     def onQueryStarted(self, event) -> None:
-        self._running[str(event.id)] = event.name
+        self._running[str(event.runId)] = event.name
         # A query that has run no batch yet (nothing new to read) is running all the same.
         self._rows.put({"event": "started", "query_name": event.name, "query_id": str(event.id),
                         "run_id": str(event.runId), "timestamp": datetime.now(timezone.utc)})
@@ -125,7 +128,7 @@ class ProgressRecorder(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event) -> None:
-        name = self._running.pop(str(event.id), None)
+        name = self._running.pop(str(event.runId), None)
         self._rows.put({"event": "terminated", "query_name": name, "query_id": str(event.id),
                         "run_id": str(event.runId), "timestamp": datetime.now(timezone.utc),
                         "error": event.exception})

@@ -146,6 +146,35 @@ def test_a_query_started_again_with_nothing_to_read_is_running(spark, cfg, recor
     assert row["state"] == "stopped", row
 
 
+def test_a_run_whose_termination_the_bus_delivers_late_is_recorded_ended(spark, cfg):
+    """Spark calls onQueryStarted in start(), but delivers terminations on its bus, later: the
+    last run's end, arriving after the same query's next start, must not be taken for it (both
+    runs share the checkpoint's query id), or close() stops waiting before the next run's end."""
+    import time
+
+    class LateBus(ProgressRecorder):
+        def onQueryTerminated(self, event):
+            time.sleep(2)
+            super().onQueryTerminated(event)
+
+    recorder = LateBus(spark, cfg)
+    spark.streams.addListener(recorder)
+    try:
+        path = source_table(spark, cfg, 1)
+        run_query(spark, cfg, path, "silver")
+        query = (spark.readStream.format("delta").load(path).writeStream.queryName("silver")
+                 .foreachBatch(lambda df, batch_id: None).option("checkpointLocation", cfg.checkpoint("silver"))
+                 .trigger(processingTime="1 second").start())
+        time.sleep(1)
+        query.stop()
+        recorder.close(wait_seconds=15)
+    finally:
+        spark.streams.removeListener(recorder)
+    assert progress(spark, cfg).where("event = 'terminated'").count() == 2
+    (row,) = [r for r in status.query_status(spark, cfg) if r["query"] == "silver"]
+    assert row["state"] == "stopped", row
+
+
 def test_status_reports_lag_behind_a_delta_source(spark, cfg, recorded, capsys):
     recorder, _ = recorded
     path = source_table(spark, cfg, 2)
