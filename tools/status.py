@@ -94,11 +94,12 @@ def query_status(spark, cfg) -> list[dict]:
                   .withColumn("_n", F.row_number().over(Window.partitionBy("query_name")
                                                         .orderBy(F.desc("timestamp"), F.desc("batch_id"))))
                   .where("_n = 1").drop("_n").collect())
-        ends = progress.where("event = 'terminated' AND query_name IS NOT NULL").orderBy("timestamp").collect()
+        runs = (progress.where("event IN ('started', 'terminated') AND query_name IS NOT NULL")
+                .orderBy("timestamp").collect())
+        ends = [r for r in runs if r.event == "terminated"]
         last_end = {r.query_name: r for r in ends}
         last_error = {r.query_name: r for r in ends if r.error}
-        starts = progress.where("event = 'started' AND query_name IS NOT NULL").orderBy("timestamp").collect()
-        last_start = {r.query_name: r for r in starts}
+        last_start = {r.query_name: r for r in runs if r.event == "started"}
         for r in latest:
             rows[r.query_name] = {
                 "query": r.query_name, "batch": r.batch_id,

@@ -114,13 +114,6 @@ def _minute_text(minute: int) -> str:
     return strftime("%Y-%m-%dT%H:%M", gmtime(minute * 60))
 
 
-def _duration(seconds: float) -> str:
-    for unit, size in (("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g} {unit}"
-    return f"{seconds:g} s"
-
-
 def _iso(ms: int) -> str:
     # strftime per event would dominate the run time; events arrive nearly in order, and a
     # camera's events are sparse in time, so the cache is per minute rather than per second.
@@ -427,7 +420,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tools.generator")
     c = batch.counts
     log.info(f"wrote {len(batch.records)} records ({c['valid']} valid with {c['events']} events, "
              f"{c['duplicates']} duplicates, {c['malformed']} malformed, {c['late']} landing out of "
-             f"order by up to {_duration(params.max_lateness_s)}) to {where}",
+             f"order by up to {cfg.generator.max_lateness}) to {where}",
              extra=fields(event="generated", records=len(batch.records), **batch.counts, sink=args.sink,
                           files=len(files), topic=topic, landing=None if topic else str(cfg.landing)))
     log.info(f"event time {_iso(params.start_ms)} + {batch.span_s / 3600:.1f} h; {session_stats.describe(sessions)}",
