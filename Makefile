@@ -164,8 +164,8 @@ generate: $(READY) ## Write N Nest events (SEED, SINK=files|kafka, MANIFEST=path
 run-bronze: $(READY) ## Landing files or Kafka -> bronze.events (SOURCE=files|kafka, TRIGGER=available-now|processing-time)
 	$(PY) -m pipeline --layer bronze
 
-seed-locations: $(READY) ## Merge device_locations.csv (from `make generate`, or FILE=...) into silver.device_locations' history
-	$(PY) -m silver.locations load $(FILE)
+seed-locations: $(READY) ## Merge device_locations.csv (from `make generate`, or FILE=...) into silver.device_locations' history (DRY=1: say what it would change)
+	$(PY) -m silver.locations load $(FILE) $(if $(DRY),--dry-run)
 
 run-silver: $(READY) ## bronze.events -> silver.camera_events + silver.quarantine (TRIGGER=...)
 	$(PY) -m pipeline --layer silver

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from common.config import load_config
@@ -24,7 +25,7 @@ from common.lineage import PIPELINE, to_user_metadata
 from common.log import configure, fields
 from common.storage import is_delta_table, location
 from silver.locations_file import LocationsFileError, read_snapshots
-from silver.locations_history import Interval, merge_snapshot, overlaps
+from silver.locations_history import Change, Interval, change, merge_snapshot, overlaps
 
 log = logging.getLogger(__spec__.name)   # not "__main__" under python -m silver.locations
 
@@ -64,11 +65,13 @@ def _read_file(cfg, path):
 
 
 def _read_history(spark, table: str, dim) -> tuple[list[Interval], frozenset[int]]:
-    """The table's intervals, and the as-ofs its marks (rows without a key) say were applied."""
+    """The table's intervals, and the as-ofs its marks (rows without a key) say were applied. A
+    snapshot table from before the history (no validity columns) reads as valid since always."""
     from pyspark.sql import functions as F
 
-    rows = (spark.read.format("delta").load(table)
-            .select(dim.key, *dim.columns, F.unix_micros(VALID_FROM), F.unix_micros(VALID_TO)).collect())
+    df = spark.read.format("delta").load(table)
+    when = [F.unix_micros(c) if c in df.columns else F.lit(None).cast("long") for c in (VALID_FROM, VALID_TO)]
+    rows = df.select(dim.key, *dim.columns, *when).collect()
     intervals = [Interval(r[0], tuple(r[1:-2]), r[-2], r[-1]) for r in rows if r[0] is not None]
     return intervals, frozenset(r[-2] for r in rows if r[0] is None and r[-2] is not None)
 
@@ -80,17 +83,32 @@ def _iso(us: int | None) -> str | None:
     return t.isoformat().replace("+00:00", "Z")
 
 
-def load(spark, cfg, path=None) -> int | None:
-    """Merge the locations file (default: the profile's under paths.reference) into the history
-    table in one commit; returns the version written, or None when the file changes nothing.
-    A bad file raises LocationsFileError naming its line, before anything is written."""
+@dataclass(frozen=True)
+class Plan:
+    """What loading a file does: the history before and after, and each snapshot's change."""
+    path: object
+    table: str
+    fresh: bool
+    before: list[Interval]
+    after: list[Interval]
+    marks: frozenset[int]
+    applied: frozenset[int]
+    changes: list[Change]
+    as_of: list[str | None]
+
+    @property
+    def writes(self) -> bool:
+        return set(self.after) != set(self.before) or self.applied != self.marks
+
+
+def plan(spark, cfg, path=None) -> Plan:
+    """The load of the locations file (default: the profile's under paths.reference), computed
+    and not written. A bad file raises LocationsFileError naming its line."""
     dim = _dimension(cfg)
     path = path or cfg.locations_csv
     snapshots = _read_file(cfg, path)
     table = cfg.table_path("silver", dim.table)
     fresh = not is_delta_table(table)
-    if not fresh:
-        migrate(spark, cfg)
     before, marks = ([], frozenset()) if fresh else _read_history(spark, table, dim)
     clash = overlaps(before)
     if clash:
@@ -98,15 +116,29 @@ def load(spark, cfg, path=None) -> int | None:
         raise JobError(f"silver.{dim.table} holds overlapping intervals for {dim.key} '{a.key}' "
                        f"({_iso(a.valid_from)} to {_iso(a.valid_to)} and {_iso(b.valid_from)} to "
                        f"{_iso(b.valid_to)}): edited by hand? Fix or restore it before loading")
-    after, applied = before, marks
+    after, applied, changes = before, marks, []
     for snap in snapshots:
+        changes.append(change(after, snap.as_of_us, snap.rows))
         after, applied = merge_snapshot(after, applied, snap.as_of_us, snap.rows)
-    if set(after) == set(before) and applied == marks:
+    return Plan(path, table, fresh, before, after, marks, applied, changes,
+                [_iso(s.as_of_us) for s in snapshots])
+
+
+def load(spark, cfg, path=None) -> int | None:
+    """Merge the locations file into the history table in one commit; returns the version
+    written, or None when the file changes nothing. A bad file raises LocationsFileError naming
+    its line, before anything is written."""
+    return write(spark, cfg, plan(spark, cfg, path))
+
+
+def write(spark, cfg, p: Plan) -> int | None:
+    if not p.writes:
         return None
-    _write(spark, cfg, table, dim, after, applied, fresh,
-           {"pipeline": PIPELINE, "made_by": f"locations load {path}",
-            "as_of": [_iso(s.as_of_us) for s in snapshots]})
-    return table_version(spark, table)
+    if not p.fresh:
+        migrate(spark, cfg)
+    _write(spark, cfg, p.table, _dimension(cfg), p.after, p.applied, p.fresh,
+           {"pipeline": PIPELINE, "made_by": f"locations load {p.path}", "as_of": p.as_of})
+    return table_version(spark, p.table)
 
 
 def _write(spark, cfg, table: str, dim, rows: list[Interval], applied: frozenset[int], fresh: bool,
@@ -167,7 +199,31 @@ def ensure_seeded(spark, cfg) -> str:
     return table
 
 
-def _run(path_arg: str | None) -> int:
+def _some(keys: list[str], shown: int = 3) -> str:
+    more = len(keys) - shown
+    return ", ".join(keys[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def report(p: Plan, dim, name: str) -> None:
+    """Each snapshot's change, and a warning for the devices a snapshot end-dates: a file of
+    moves that lists only the devices that move leaves every other one without a location."""
+    for c, as_of in zip(p.changes, p.as_of):
+        when = f"as of {as_of}" if as_of else "undated (since always)"
+        parts = [f"{len(keys)} {what}" + (f" ({_some(keys)})" if keys else "")
+                 for what, keys in (("moved", c.moved), ("new", c.added), ("end-dated", c.end_dated))]
+        log.info(f"{name} {when}: " + ", ".join(parts),
+                 extra=fields(event="locations_snapshot", table=name, as_of=as_of, moved=len(c.moved),
+                              new=len(c.added), end_dated=len(c.end_dated)))
+        if c.end_dated:
+            log.warning(f"{name}: {len(c.end_dated)} {dim.key}s located {when} are not in that snapshot, "
+                        f"so they have no location from then on (their events: unknown_device). "
+                        f"Each as-of in a file is a full snapshot: list every {dim.key} that stays, "
+                        f"with its location, beside those that move",
+                        extra=fields(event="locations_end_dated", table=name, as_of=as_of,
+                                     end_dated=len(c.end_dated)))
+
+
+def _run(path_arg: str | None, dry_run: bool = False) -> int:
     configure()
     cfg = load_config()
     path = location(path_arg) if path_arg else None
@@ -175,10 +231,18 @@ def _run(path_arg: str | None) -> int:
     _read_file(cfg, path or cfg.locations_csv)     # a bad file fails before a JVM starts
     from common.spark import session
 
-    with session(cfg, "locations-load") as spark:
-        version = load(spark, cfg, path)
-        now = current(spark.read.format("delta").load(cfg.table_path("silver", dim.table))).count()
     name = f"silver.{dim.table}"
+    with session(cfg, "locations-load") as spark:
+        p = plan(spark, cfg, path)
+        report(p, dim, name)
+        version = None if dry_run else write(spark, cfg, p)
+    now = sum(1 for r in p.after if r.valid_to is None)
+    if dry_run:
+        what = "dry run, nothing written: " + ("the load would write a new version" if p.writes
+                                               else "the load would change nothing")
+        log.info(f"{name}: {what}; {now} {dim.key}s would be located now",
+                 extra=fields(event="locations_planned", table=name, writes=p.writes, current=now))
+        return 0
     what = f"version {version}" if version is not None else "no change, no new version"
     log.info(f"{name}: {what}; {now} {dim.key}s located now",
              extra=fields(event="locations_loaded", table=name, version=version, current=now))
@@ -200,8 +264,10 @@ def main(argv=None, prog: str = "silver.locations") -> int:
                     "writes no version.")
     load_cmd.add_argument("file", nargs="?", help="the locations file (default: "
                                                   "$REFERENCE_DIR/<the profile's dimension csv>)")
+    load_cmd.add_argument("--dry-run", action="store_true",
+                          help="say what each snapshot moves, adds and end-dates; write nothing")
     args = parser.parse_args(argv)
-    return _run(args.file)
+    return _run(args.file, args.dry_run)
 
 
 @command

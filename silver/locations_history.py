@@ -65,6 +65,27 @@ def merge_snapshot(history: Iterable[Interval], applied: frozenset[int], as_of: 
     return out, (applied | {as_of}) if as_of is not None else applied
 
 
+class Change(NamedTuple):
+    """What one snapshot does at its as-of, against the history before it: keys it moves (other
+    values), keys it adds (not located then), keys it end-dates (located then, not listed)."""
+    as_of: int | None
+    moved: list[str]
+    added: list[str]
+    end_dated: list[str]
+
+
+def change(history: Iterable[Interval], as_of: int | None, rows: dict[str, tuple]) -> Change:
+    """The snapshot `rows` as of `as_of` compared with the row each key held at that instant
+    (undated: since always); a load logs it, so a file of moves that forgot the devices that
+    stay, and so end-dates them, says so before or as it is written."""
+    t = _starts(as_of)
+    then = {r.key: tuple(r.values) for r in history if _starts(r.valid_from) <= t < _ends(r.valid_to)}
+    return Change(as_of,
+                  sorted(k for k in rows.keys() & then.keys() if tuple(rows[k]) != then[k]),
+                  sorted(rows.keys() - then.keys()),
+                  sorted(then.keys() - rows.keys()))
+
+
 def coalesce(intervals: list[Interval]) -> list[Interval]:
     """One device's intervals in time order, each pair that touches with equal values as one."""
     out: list[Interval] = []

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from silver.locations_file import LocationsFileError, parse_as_of, read_snapshots
-from silver.locations_history import Interval, merge_snapshot
+from silver.locations_history import Change, Interval, change, merge_snapshot
 
 COLS = ("zip_code", "city", "state")
 HOUR = 3_600_000_000
@@ -99,3 +99,14 @@ def test_the_file_carries_snapshots_by_as_of_and_names_the_line_of_each_problem(
     for text, message in bad.items():
         with pytest.raises(LocationsFileError, match=message.replace("(", r"\(").replace(")", r"\)")):
             read_snapshots(text, "f.csv", "device_id", COLS)
+
+
+def test_a_snapshot_change_names_what_it_moves_adds_and_end_dates_at_its_as_of():
+    """What a load reports (and warns of) before writing: measured against the row each device
+    held at the snapshot's instant, late snapshots and undated files included."""
+    h = apply((None, snap(a="z0")), (1, snap(a="z1", b="z1", c="z1")), (5, snap(a="z2", b="z1")))
+    assert change(h, T[3], snap(a="z9", b="z1", d="z1")) == Change(T[3], ["a"], ["d"], ["c"])   # late, mid-interval
+    assert change(h, T[6], snap(a="z2", b="z1")) == Change(T[6], [], [], [])                     # nothing to say
+    assert change(h, T[6], snap(c="z1")) == Change(T[6], [], ["c"], ["a", "b"])                  # c ended at 5
+    assert change(h, None, snap(b="z0")) == Change(None, [], ["b"], ["a"])                       # since always
+    assert change([], T[1], snap(a="z1")) == Change(T[1], [], ["a"], [])                         # a first load

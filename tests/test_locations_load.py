@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from common.config import load_config
 from silver import transform as T
-from silver.locations import current, ensure_seeded, load
+from silver.locations import current, ensure_seeded, load, plan, report
 from silver.locations_file import LocationsFileError
 
 NEST = load_config(env={}).profile
@@ -45,12 +45,20 @@ def versions(spark, cfg) -> list[int]:
             .history().collect()]
 
 
-def test_loads_apply_in_as_of_order_end_date_missing_devices_and_write_only_changes(spark, cfg, tmp_path):
+def test_loads_apply_in_as_of_order_end_date_missing_devices_and_write_only_changes(spark, cfg, tmp_path, logged):
     nine = csv(tmp_path, "nine.csv", "cam-1,11111,A,X,2026-11-01T09:00:00Z", "cam-2,22222,B,X,2026-11-01T09:00:00Z")
     assert load(spark, cfg, nine) == 0
     assert load(spark, cfg, nine) is None                        # the same file: no version
     # 12:00: cam-1 moves, cam-2 is missing (end-dated, not deleted), cam-3 appears.
     noon = csv(tmp_path, "noon.csv", "cam-1,33333,C,Y,2026-11-01T12:00:00Z", "cam-3,44444,D,Y,2026-11-01T12:00:00Z")
+    # The dry run (`--dry-run`) says so, warns of the end-dated device, and writes nothing.
+    planned = plan(spark, cfg, noon)
+    report(planned, cfg.profile.dimension, "silver.device_locations")
+    assert planned.writes and versions(spark, cfg) == [0]
+    assert "silver.device_locations as of 2026-11-01T12:00:00Z: 1 moved (cam-1), 1 new (cam-3), " \
+           "1 end-dated (cam-2)" in logged.messages
+    assert any(r.levelname == "WARNING" and "1 device_ids located as of 2026-11-01T12:00:00Z are not in that "
+               "snapshot" in r.getMessage() for r in logged.records)
     assert load(spark, cfg, noon) == 1
     assert intervals(spark, cfg) == [("cam-1", "11111", "09:00", "12:00"), ("cam-1", "33333", "12:00", None),
                                      ("cam-2", "22222", "09:00", "12:00"), ("cam-3", "44444", "12:00", None)]
