@@ -79,6 +79,12 @@ def read_changes(cfg, name: str, start: int, end: int | None = None):
         raise ChangeFeedError(f"{name} has no change data feed from version {start} "
                               f"({str(e).strip().splitlines()[0]}); it records one from the version "
                               "that enabled it (delta.enableChangeDataFeed, conf <layer>.change_feed)") from None
+    # The feed's commit times are UTC without a zone, the table's timestamps UTC with one: both
+    # with it, so the two print alike (text and --json).
+    at = feed.schema.get_field_index("_commit_timestamp")
+    if at >= 0 and feed.schema.field(at).type.tz is None:
+        stamps = feed.column(at)
+        feed = feed.set_column(at, "_commit_timestamp", stamps.cast(pa.timestamp(stamps.type.unit, tz="UTC")))
     rows = feed.to_pylist()
     rows.sort(key=lambda r: (r["_commit_version"], KINDS.index(r["_change_type"])))
     return feed.column_names, rows

@@ -84,6 +84,8 @@ def test_lakehouse_changes_prints_inserts_updates_and_deletes(lake):
     kinds = {r["_change_type"] for r in rows}
     assert {"insert", "update_preimage", "update_postimage"} <= kinds, kinds
     assert [r["_commit_version"] for r in rows] == sorted(r["_commit_version"] for r in rows)
+    # Commit times carry their zone like the table's own timestamps (delta-rs gives them none).
+    assert all(r["_commit_timestamp"].endswith("+00:00") and r["window_start"].endswith("+00:00") for r in rows)
     code, out, _ = changes(env, "gold.zip_hourly_sightings", "--from", "1", "--to", "1")
     assert code == 0 and re.search(r"\d+ insert, \d+ update_preimage, \d+ update_postimage, \d+ delete", out)
     code, _, err = changes(env, "gold.zip_hourly_sightings", "--from", "999")
