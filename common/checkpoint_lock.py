@@ -335,6 +335,38 @@ class CheckpointLocks:
                 pass
 
 
+def _flocked(path: Path) -> bool | None:
+    """Whether a process holds a flock on `path` now, read from the kernel's lock table without
+    taking the lock (a probe that took it, even shared, could refuse a job starting that moment).
+    None where there is no /proc/locks to read."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    # "1: FLOCK  ADVISORY  WRITE 7673 fe:00:9978158 0 EOF": device major:minor in hex, inode.
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    return any(line.split()[1:2] == ["FLOCK"] and inode in line for line in table.splitlines())
+
+
+def held(cfg: Config, query: str) -> bool | None:
+    """Whether a process holds the query's checkpoint now (None: this machine cannot tell). A run
+    the progress log calls running whose checkpoint nobody holds has died without recording its
+    end (kill -9, out of memory, the machine stopped): `make status` says so."""
+    checkpoint = location(cfg.checkpoint(query))
+    if isinstance(checkpoint, ObjectPath):
+        lease = _Lease(checkpoint.with_name(f"{query}.lease"), 0, 0)._read()
+        return _live(lease, _process(os.getpid()))
+    return _flocked(checkpoint.with_name(f"{query}.lock"))
+
+
+def _live(lease: dict | None, here: dict | None) -> bool:
+    return bool(lease) and float(lease.get("expires", 0)) > time.time() and not _gone(lease.get("process"), here)
+
+
 def live_leases(cfg: Config) -> list[str]:
     """Holders of the unexpired leases under the checkpoint root (object storage only): a pipeline
     running there is the one driver Delta's S3 log store allows to write its tables. A lease
@@ -342,10 +374,10 @@ def live_leases(cfg: Config) -> list[str]:
     root = location(str(cfg.checkpoint_root))
     if not isinstance(root, ObjectPath):
         return []
-    held, here = [], _process(os.getpid())
+    live, here = [], _process(os.getpid())
     for obj in root.iterdir():
         if obj.suffix == ".lease":
-            lease = _Lease(obj, 0, 0)._read() or {}
-            if float(lease.get("expires", 0)) > time.time() and not _gone(lease.get("process"), here):
-                held.append(f"{obj.stem} ({lease.get('owner')})")
-    return held
+            lease = _Lease(obj, 0, 0)._read()
+            if _live(lease, here):
+                live.append(f"{obj.stem} ({lease.get('owner')})")
+    return live

@@ -122,12 +122,16 @@ def test_a_failed_query_records_its_error_and_status_shows_it(spark, cfg, record
 
 
 def test_a_query_started_again_with_nothing_to_read_is_running(spark, cfg, recorded):
-    """Its latest batch is its last run's, and that run ended: its start says it runs now."""
+    """Its latest batch is its last run's, and that run ended: its start says it runs now. A
+    run whose checkpoint nobody holds any more (its process killed) died."""
     import time
+
+    from common.checkpoint_lock import CheckpointLocks
 
     recorder, _ = recorded
     path = source_table(spark, cfg, 1)
     run_query(spark, cfg, path, "silver")
+    lock = CheckpointLocks(cfg, ["silver"]).__enter__()      # as a job holds it while it runs
     query = (spark.readStream.format("delta").load(path).writeStream.queryName("silver")
              .foreachBatch(lambda df, batch_id: None).option("checkpointLocation", cfg.checkpoint("silver"))
              .trigger(processingTime="1 second").start())
@@ -139,7 +143,11 @@ def test_a_query_started_again_with_nothing_to_read_is_running(spark, cfg, recor
             (row,) = [r for r in status.query_status(spark, cfg) if r["query"] == "silver"]
             state = row["state"]
         assert state == "running" and row["batch"] == 0, row
+        lock.__exit__()                  # what a kill -9 leaves: a start without an end, no holder
+        (row,) = [r for r in status.query_status(spark, cfg) if r["query"] == "silver"]
+        assert row["state"] == "died", row
     finally:
+        lock.__exit__()
         query.stop()
     recorder.close()
     (row,) = [r for r in status.query_status(spark, cfg) if r["query"] == "silver"]
@@ -208,7 +216,7 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env, lock_hold
     import subprocess
     import sys
 
-    from common.checkpoint_lock import CheckpointLocks
+    from common.checkpoint_lock import CheckpointLocks, held
 
     repo = __import__("pathlib").Path(__file__).resolve().parent.parent
     # One layer alone, and the whole pipeline (which holds every layer's checkpoints), are both
@@ -221,10 +229,12 @@ def test_a_second_instance_on_the_same_checkpoint_is_refused(cfg, env, lock_hold
             assert f"in use by pid {os.getpid()}" in proc.stderr and "another instance" in proc.stderr
             assert "SparkSession" not in proc.stderr and "log4j" not in proc.stderr  # before Spark
 
-    # a holder killed with -9 leaves no stale lock behind
+    # a holder killed with -9 leaves no stale lock behind, and `held` (make status) tells both
     with lock_holder(env):
+        assert held(cfg, "silver") is True
         with pytest.raises(Exception, match="another instance"):
             CheckpointLocks(cfg, ["silver"]).__enter__()
+    assert held(cfg, "silver") is False
     with CheckpointLocks(cfg, ["silver"]):
         pass
 

@@ -3,7 +3,8 @@
     python -m tools.status [--json]
 
 Reads ops.query_progress (written by every job while it runs) and the queries' checkpoints, so
-it works while jobs run and after they stop. A checkpoint whose offset log is ahead of its
+it works while jobs run and after they stop. A run without a recorded end whose checkpoint
+nobody holds (common/checkpoint_lock.held) died: killed before it could record one. A checkpoint whose offset log is ahead of its
 commit log has a batch running now, or one that was interrupted and will be replayed.
 Below the queries: the keys the feed carries that the profile does not declare (ops.new_fields,
 written by silver's schema contract), when each first appeared and how many records have
@@ -16,6 +17,7 @@ import json
 import sys
 from datetime import datetime, timezone
 
+from common.checkpoint_lock import held as checkpoint_held
 from common.errors import command
 from common.config import load_config
 from common.storage import is_delta_table
@@ -116,7 +118,10 @@ def query_status(spark, cfg) -> list[dict]:
         for name, row in rows.items():
             end = last_end.get(name)
             running = is_running(row["_run"], row.get("at"), last_start.get(name), end)
-            row["state"] = "running" if running else ("failed" if end.error else "stopped")
+            if running and checkpoint_held(cfg, name) is False:
+                row["state"] = "died"          # nobody holds its checkpoint: killed before its end
+            else:
+                row["state"] = "running" if running else ("failed" if end.error else "stopped")
             if name in last_error:
                 row["last_error"] = error_summary(last_error[name].error)
                 row["error_at"] = last_error[name].timestamp
