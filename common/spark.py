@@ -1,6 +1,7 @@
 """The one place a SparkSession is built: Delta, RocksDB state, UTC, jars from the Maven cache."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -354,8 +355,22 @@ def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] 
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(cfg.spark.log_level)
+    _quiet_query_context_loggers()
     register_tables(spark, cfg)
     return spark
+
+
+def _quiet_query_context_loggers() -> None:
+    """PySpark logs every SQL error it converts, with the JVM's whole stack trace as one JSON line
+    at ERROR, on loggers with a stderr handler of their own, also for errors the caller handles
+    (a fallback, a retry) or says itself (a command's `error:` line). Kept for LOG_LEVEL=debug."""
+    from pyspark.logger import PySparkLogger
+
+    from common.log import PACKAGES
+
+    debugging = logging.getLogger(PACKAGES[0]).getEffectiveLevel() <= logging.DEBUG
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = not debugging
 
 
 def stop(spark) -> None:

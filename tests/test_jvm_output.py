@@ -16,13 +16,20 @@ spark = build_spark(load_config(), "jvm-output")
 assert spark._jvm.java.lang.ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent()
 spark._jvm.java.lang.System.err.println("written by the JVM on its stderr")
 assert spark.range(3).count() == 3
+# A SQL error the caller handles prints nothing (PySpark logs each with its stack trace).
+from pyspark.errors import AnalysisException
+try:
+    spark.sql("SELECT no_such_column_here")
+except AnalysisException:
+    pass
 stop(spark)
 """
 
 
-def test_a_session_prints_no_incubator_warning_and_passes_the_jvms_stderr(env):
+def test_a_session_prints_no_incubator_warning_nor_handled_sql_errors_and_passes_the_jvms_stderr(env):
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Using incubator modules" not in done.stderr
     assert "written by the JVM on its stderr" in done.stderr
+    assert "no_such_column_here" not in done.stderr and "QueryContextLogger" not in done.stderr
