@@ -47,9 +47,11 @@ def declared(cfg, names, only) -> tuple[list, list[str]]:
     return layers, problems
 
 
-def find_problems(cfg, layers, spark=None) -> list[str]:
+def find_problems(cfg, layers, spark=None, names=None) -> list[str]:
     """Every check, in the order a run meets them; Spark is started only for the checks needing
-    it (schemas, checkpoints), and only once the config has loaded."""
+    it (schemas, checkpoints), and only once the config has loaded. `names`: the layers the run
+    would run, also those that failed to declare (their problem is said already: a layer reading
+    one of them needs no "run it first")."""
     from common.spark import session
     from pipeline import checks
     from pipeline.runner import preflight_problems
@@ -57,7 +59,8 @@ def find_problems(cfg, layers, spark=None) -> list[str]:
     unreachable = checks.storage_problems(cfg)
     if unreachable:
         return unreachable + checks.validate_problems(layers)    # no table, checkpoint or lock can be read
-    problems = preflight_problems(layers) + checks.validate_problems(layers) + checks.lock_problems(cfg, layers)
+    problems = (preflight_problems(layers, names) + checks.validate_problems(layers)
+                + checks.lock_problems(cfg, layers))
     with session(cfg, "check", spark) as spark:
         expected = checks.expected_tables(spark, cfg, layers)
         problems += checks.suite_problems(cfg, layers, checks.gated(spark, cfg, expected))
@@ -95,7 +98,7 @@ def main(argv=None, *, spark=None, env=None, prog: str = "pipeline.check") -> in
         problems = [str(e)]
     else:
         layers, problems = declared(cfg, names, only)
-        problems += find_problems(cfg, layers, spark)
+        problems += find_problems(cfg, layers, spark, names)
     if problems:
         print(f"check: {len(problems)} problem{'s' if len(problems) > 1 else ''}")
         for p in problems:

@@ -218,14 +218,14 @@ def downstream(layers: list[Layer], name: str) -> set[str]:
     return hit
 
 
-def preflight_problems(layers: list[Layer]) -> list[str]:
+def preflight_problems(layers: list[Layer], selected=None) -> list[str]:
     """What stops a run before Spark starts, every layer's: the table it reads, when the layer
-    writing that one is not selected too, must be there; then the layer's own checks (its
-    source). Every problem, each naming its path or setting."""
+    writing that one is not `selected` too (default: `layers`), must be there; then the layer's
+    own checks (its source). Every problem, each naming its path or setting."""
     from common.errors import JobError
     from common.storage import is_delta_table
 
-    selected = {layer.name for layer in layers}
+    selected = {layer.name for layer in layers} | set(selected or ())
     problems = []
     for layer in layers:
         try:

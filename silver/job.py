@@ -336,7 +336,9 @@ def silver_suite(cfg, gx: bool = True):
     name = f"silver.{cfg.silver_table}"
     if name not in suites:
         raise SuiteError(f"{cfg.silver.expectations}: no suite for table {name} "
-                         f"(profile {cfg.profile.name})")
+                         f"(profile {cfg.profile.name}): write one with `table: {name}` (as "
+                         f"conf/expectations/events.yaml does for silver.actions) and name its file "
+                         f"in the profile, `silver: {{expectations: <file>}}`")
     return suites[name]
 
 

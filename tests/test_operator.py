@@ -222,6 +222,19 @@ def _foreign_state(spark, root, checkpoint: str) -> None:
     query.awaitTermination()
 
 
+def test_check_a_layer_that_cannot_declare_is_one_problem_not_a_missing_table_downstream(spark, env, cfg,
+                                                                                         tmp_path, capsys):
+    """A suite without the profile's table stops silver before it starts: that is the problem,
+    and gold, reading the silver table the run would create, has none of its own."""
+    suite = tmp_path / "other.yaml"
+    suite.write_text(Path("conf/expectations/events.yaml").read_text())      # silver.actions's
+    cfg.landing.mkdir(parents=True)
+    code, problems = checked(capsys, [], spark=spark, env=dict(env, LAKEHOUSE__SILVER__EXPECTATIONS=str(suite)))
+    assert code == 2 and len(problems) == 1, problems
+    assert problems[0].startswith(f"{suite}: no suite for table silver.camera_events (profile nest): write "
+                                  "one with `table: silver.camera_events`"), problems
+
+
 def test_check_lists_every_problem_each_naming_its_file_key_table_or_checkpoint(
         spark, env, tmp_path, lock_holder, capsys, logged):
     """One lakehouse with a problem of each kind; one check lists them all, and a run refuses
