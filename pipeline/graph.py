@@ -55,7 +55,9 @@ def _suite(cfg, layer, sinks) -> str:
         gated = sorted(set(load_suites(path, gx=False)) & set(sinks))
     except JobError as e:
         return f"{path}: {e}"
-    return f"{Path(path).name} ({', '.join(gated) or 'no table gated'})"
+    # Gold's tables are gated without a suite too, by the rules derived from their constraints.
+    none = "no rules for these tables" + (": derived rules only" if layer.name == "gold" else "")
+    return f"{Path(path).name} ({', '.join(gated) or none})"
 
 
 def flows(cfg, source: str | None = None) -> list[FlowNode]:
