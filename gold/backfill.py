@@ -47,6 +47,7 @@ class Outcome:
     resumed: list[str] = field(default_factory=list)   # unfinished backfills it completed
     pending_open: int = 0                              # left pending: their session is open
     duplicates: int = 0                                # late for silver, but their id is in silver
+    copies: int = 0                                    # late rows beyond the first of their id
     retry_at_ms: int | None = None                     # ... until gold's watermark is here
     tables: dict[str, int] = field(default_factory=dict)   # table -> its version after
 
@@ -211,7 +212,11 @@ class Backfill:
         if until is not None:
             pending = pending.where(F.col("event_time") < F.lit(until))
         # One copy per event (a replayed batch appends none twice; a late event is found once,
-        # but a feed may repeat one that was late for silver).
+        # but a feed may repeat one that was late for silver). Rows chosen = events folded +
+        # pending open + repeats of silver's (ids) + copies (rows beyond an id's first): the
+        # figures the command prints add up to the table's rows.
+        n, ids = pending.agg(F.count(F.lit(1)), F.count_distinct("event_id")).first()
+        outcome.copies = n - ids
         pending, outcome.duplicates = self.not_in_silver(pending, rows)
         pending = pending.dropDuplicates(["event_id"]).cache()
         try:
@@ -447,7 +452,9 @@ def main(argv=None, prog: str = "gold.backfill", spark=None, cfg=None) -> int:
     print(f"{outcome.id or 'backfill'}: {verb} {outcome.events} late event(s) into gold"
           + (f"; {outcome.pending_open} stay pending: their session is still open" if outcome.pending_open else "")
           + (f"; {outcome.duplicates} late for silver repeat an event silver holds (left out)"
-             if outcome.duplicates else ""))
+             if outcome.duplicates else "")
+          + (f"; {outcome.copies} more late row(s) repeat one of these events (each folded once)"
+             if outcome.copies else ""))
     return 0
 
 

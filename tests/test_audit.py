@@ -343,7 +343,7 @@ def _gold_snapshot(spark, cfg) -> dict:
     return {t: table_version(spark, cfg.table_path("gold", t)) for t in TABLES["gold"]}
 
 
-def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(spark, lake, tmp_path):
+def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(spark, lake, tmp_path, capsys):
     """The late events (cam-0002 10:20 and cam-0001 12:10 late for gold, cam-0001 09:00 late for
     silver too) reach their windows and sessions in one MERGE per table whose lineage names the
     backfill; the audit's recompute adds them in the order they were folded and every version
@@ -410,16 +410,21 @@ def test_a_backfill_folds_the_late_events_in_and_the_audit_proves_every_version(
     # the stream goes on: another round, its batches fold onto the backfilled rows; two of its
     # events are hours behind silver's watermark (13:30): a repeat of one silver holds, and a new one
     _next_round(spark, cfg, [record(("cam-0002", "16:00"), ("cam-0003", "16:10")),
-                             record(("cam-0001", "10:10")), record(("cam-0003", "08:00"))])
+                             record(("cam-0001", "10:10")), record(("cam-0003", "08:00")),
+                             record(("cam-0003", "08:00"))])                        # twice
     report = run_audit(spark, cfg)
     assert report["ok"], report["failures"]
     assert _gold_snapshot(spark, cfg)["zip_hourly_sightings"] > after["zip_hourly_sightings"]
     pending = (spark.read.format("delta").load(cfg.table_path("silver", "late_events"))
                .where("backfilled_by IS NULL").collect())
     assert sorted((r.late_for, r.device_id, r.event_time.strftime("%H:%M")) for r in pending) == [
-        ("silver", "cam-0001", "10:10"), ("silver", "cam-0003", "08:00")]
+        ("silver", "cam-0001", "10:10"), ("silver", "cam-0003", "08:00"), ("silver", "cam-0003", "08:00")]
+    capsys.readouterr()
     assert backfill_main(["--json"], spark=spark, cfg=cfg) == 0
-    assert total() == silver + 2 + 2                          # the round's two on time, 08:00
+    outcome = json.loads(capsys.readouterr().out.splitlines()[-1])
+    # 3 rows = 1 event folded + 1 repeat of silver's (left out) + 1 copy (its event folded once)
+    assert (outcome["events"], outcome["duplicates"], outcome["copies"]) == (1, 1, 1), outcome
+    assert total() == silver + 2 + 2                          # the round's two on time, 08:00 once
     repeat = (spark.read.format("delta").load(cfg.table_path("silver", "late_events"))
               .where("backfilled_by IS NULL").collect())
     assert [(r.device_id, r.event_time.strftime("%H:%M")) for r in repeat] == [("cam-0001", "10:10")]
