@@ -102,6 +102,21 @@ def test_an_old_snapshot_table_becomes_a_history_valid_since_always(spark, cfg, 
     assert any("snapshot table from before locations had a history" in m for m in logged.messages)
 
 
+def test_a_load_onto_an_old_snapshot_table_plans_without_writing_then_migrates_and_merges(spark, cfg, tmp_path):
+    """A dry run reads a table from before the history as valid since always and writes nothing;
+    the load migrates it first, then merges the file into it."""
+    path = cfg.table_path("silver", "device_locations")
+    spark.createDataFrame([("cam-1", "11111", "A", "X"), ("cam-2", "22222", "B", "X")],
+                          "device_id STRING, zip_code STRING, city STRING, state STRING").write.format("delta").save(path)
+    moves = csv(tmp_path, "moves.csv", "cam-1,33333,C,Y,2026-11-01T12:00:00Z", "cam-2,22222,B,X,2026-11-01T12:00:00Z")
+    planned = plan(spark, cfg, moves)
+    assert planned.changes[0].moved == ["cam-1"] and planned.changes[0].end_dated == []
+    assert versions(spark, cfg) == [0]
+    assert load(spark, cfg, moves) is not None
+    assert intervals(spark, cfg) == [("cam-1", "11111", None, "12:00"), ("cam-1", "33333", "12:00", None),
+                                     ("cam-2", "22222", None, None)]
+
+
 # Events at every kind of instant around cam-1's move at 12:00 and cam-2's end at 12:00.
 EVENTS = [("e1", "cam-1", "08:59"), ("e2", "cam-1", "09:00"), ("e3", "cam-1", "11:59"), ("e4", "cam-1", "12:00"),
           ("e5", "cam-1", "23:00"), ("e6", "cam-2", "11:59"), ("e7", "cam-2", "12:00"), ("e8", "cam-9", "10:00"),
