@@ -31,6 +31,7 @@ log = logging.getLogger(__spec__.name)   # not "__main__" under python -m silver
 
 # Each row's validity: [valid_from, valid_to); NULL valid_from: since always, NULL valid_to: still.
 VALID_FROM, VALID_TO = "valid_from", "valid_to"
+LOAD_LOCK = "locations_load"     # <checkpoint_root>/locations_load.lock while a load runs
 
 
 def schema(dimension) -> str:
@@ -229,13 +230,26 @@ def _run(path_arg: str | None, dry_run: bool = False) -> int:
     path = location(path_arg) if path_arg else None
     dim = _dimension(cfg)
     _read_file(cfg, path or cfg.locations_csv)     # a bad file fails before a JVM starts
+    from common.checkpoint_lock import CheckpointBusy, CheckpointLocks
     from common.spark import session
 
     name = f"silver.{dim.table}"
-    with session(cfg, "locations-load") as spark:
-        p = plan(spark, cfg, path)
-        report(p, dim, name)
-        version = None if dry_run else write(spark, cfg, p)
+    # Each load plans from the version it read and overwrites the table: two at once would both
+    # read version N and the later one's commit would drop the other's snapshots. One at a time,
+    # by a lock beside the checkpoints (a lease on object storage), taken before Spark starts.
+    try:
+        lock = CheckpointLocks(cfg, [LOAD_LOCK]).__enter__() if not dry_run else None
+    except CheckpointBusy as e:
+        raise JobError(f"another load of {name} is running ({e.holder}): wait for it to end, "
+                       "then load again") from None
+    try:
+        with session(cfg, "locations-load") as spark:
+            p = plan(spark, cfg, path)
+            report(p, dim, name)
+            version = None if dry_run else write(spark, cfg, p)
+    finally:
+        if lock is not None:
+            lock.__exit__()
     now = sum(1 for r in p.after if r.valid_to is None)
     if dry_run:
         what = "dry run, nothing written: " + ("the load would write a new version" if p.writes

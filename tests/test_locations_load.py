@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from common.config import load_config
+from common.storage import is_delta_table
 from silver import transform as T
 from silver.locations import current, ensure_seeded, load, plan, report
 from silver.locations_file import LocationsFileError
 
 NEST = load_config(env={}).profile
+REPO = Path(__file__).resolve().parent.parent
 HEAD = "device_id,zip_code,city,state,as_of\n"
 
 
@@ -115,6 +118,23 @@ def test_a_load_onto_an_old_snapshot_table_plans_without_writing_then_migrates_a
     assert load(spark, cfg, moves) is not None
     assert intervals(spark, cfg) == [("cam-1", "11111", None, "12:00"), ("cam-1", "33333", "12:00", None),
                                      ("cam-2", "22222", None, None)]
+
+
+def test_a_second_load_while_one_runs_is_refused_before_spark_starts(env, cfg, tmp_path, lock_holder):
+    """Two loads at once would both plan from version N, and the later overwrite would drop the
+    other's snapshots: the second is refused, naming the first, and writes nothing."""
+    import subprocess
+    import sys
+
+    from silver.locations import LOAD_LOCK
+
+    moves = csv(tmp_path, "moves.csv", "cam-1,33333,C,Y,2026-11-01T12:00:00Z")
+    with lock_holder(env, LOAD_LOCK) as first:
+        done = subprocess.run([sys.executable, "-m", "silver.locations", "load", str(moves)], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"another load of silver.device_locations is running (pid {first.pid} since" in done.stderr
+    assert "SparkSession" not in done.stderr and not is_delta_table(cfg.table_path("silver", "device_locations"))
 
 
 # Events at every kind of instant around cam-1's move at 12:00 and cam-2's end at 12:00.
