@@ -279,7 +279,14 @@ _launching: threading.Thread | None = None
 # JavaModuleOptions, placed after any option of ours, so no conf takes it out), and the JDK then
 # prints this line at start; no JVM flag silences it. It says nothing an operator can act on, so
 # the JVM's stderr goes through _forward_stderr, which drops that line and passes every other.
-JVM_STARTUP_NOISE = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vector"})
+# On s3a the AWS SDK's bundle, which shades an SLF4J 1.7 of its own without a binding, prints
+# three lines more at its first use (its own logging then goes nowhere; Spark's is log4j's).
+JVM_STARTUP_NOISE = frozenset({
+    b"WARNING: Using incubator modules: jdk.incubator.vector",
+    b'SLF4J: Failed to load class "org.slf4j.impl.StaticLoggerBinder".',
+    b"SLF4J: Defaulting to no-operation (NOP) logger implementation",
+    b"SLF4J: See http://www.slf4j.org/codes.html#StaticLoggerBinder for further details.",
+})
 
 
 def prelaunch_jvm(cfg: Config) -> None:

@@ -116,6 +116,7 @@ def test_pipeline_on_s3a_survives_kill_dash_nine_and_audits(s3_env, s3_server, t
     rep = subprocess.run([sys.executable, "-m", "tools.report"], cwd=REPO, env=dict(s3_env, REPORTS_DIR=reports),
                          capture_output=True, text=True, timeout=600)
     assert rep.returncode == 0, rep.stderr[-3000:]
+    assert "SLF4J" not in rep.stderr, rep.stderr[-3000:]     # the AWS SDK's shaded logging's notice
     assert f"wrote {reports}/index.html" in rep.stdout
     page = stored.parent / "lakehouse-reports" / "index.html"
     assert page.is_file() and "Lakehouse report: s3a://" in page.read_text()
