@@ -57,7 +57,9 @@ def _dimension(cfg):
 def _read_file(cfg, path):
     dim = _dimension(cfg)
     if not path.is_file():
-        raise JobError(f"{dim.table} file {path} not found (run `make generate`, or set REFERENCE_DIR)")
+        # Only the default file is the generator's to write; a file named by the user is theirs.
+        hint = " (run `make generate`, or set REFERENCE_DIR)" if path == cfg.locations_csv else ""
+        raise JobError(f"{dim.table} file {path} not found{hint}")
     try:
         text = path.read_text()
     except UnicodeDecodeError as e:
