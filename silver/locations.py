@@ -1,7 +1,7 @@
 """The profile's dimension as history (nest: silver.device_locations, device -> zip code per
 validity interval), which silver joins at each event's time; loaded from locations files.
 
-    lakehouse locations load [FILE]     (python -m silver.locations load; make seed-locations)
+    lakehouse locations load [FILE] [--dry-run]     (python -m silver.locations load; make seed-locations)
 
 A file holds one snapshot per as-of time (silver/locations_file.py); each is merged into the
 table's intervals in as-of order, late ones included (silver/locations_history.py). The load is
