@@ -109,8 +109,9 @@ def test_a_load_onto_an_old_snapshot_table_plans_without_writing_then_migrates_a
     """A dry run reads a table from before the history as valid since always and writes nothing;
     the load migrates it first, then merges the file into it."""
     path = cfg.table_path("silver", "device_locations")
-    spark.createDataFrame([("cam-1", "11111", "A", "X"), ("cam-2", "22222", "B", "X")],
-                          "device_id STRING, zip_code STRING, city STRING, state STRING").write.format("delta").save(path)
+    (spark.createDataFrame([("cam-1", "11111", "A", "X"), ("cam-2", "22222", "B", "X")],
+                           "device_id STRING, zip_code STRING, city STRING, state STRING")
+     .write.format("delta").save(path))
     moves = csv(tmp_path, "moves.csv", "cam-1,33333,C,Y,2026-11-01T12:00:00Z", "cam-2,22222,B,X,2026-11-01T12:00:00Z")
     planned = plan(spark, cfg, moves)
     assert planned.changes[0].moved == ["cam-1"] and planned.changes[0].end_dated == []

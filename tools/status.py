@@ -4,8 +4,9 @@
 
 Reads ops.query_progress (written by every job while it runs) and the queries' checkpoints, so
 it works while jobs run and after they stop. A run without a recorded end whose checkpoint
-nobody holds (common/checkpoint_lock.held) died: killed before it could record one. A checkpoint whose offset log is ahead of its
-commit log has a batch running now, or one that was interrupted and will be replayed.
+nobody on this machine holds (common/checkpoint_lock.held; on object storage, its lease) died:
+killed before it could record one. A checkpoint whose offset log is ahead of its commit log has
+a batch running now, or one that was interrupted and will be replayed.
 Below the queries: the keys the feed carries that the profile does not declare (ops.new_fields,
 written by silver's schema contract), when each first appeared and how many records have
 carried it since.
