@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -366,6 +367,31 @@ def detach_accumulator_server(spark):
         return None
     sc._accumulatorServer = None
     return server
+
+
+@contextmanager
+def quiet_console(spark):
+    """Scala's `println` goes nowhere on this thread while the block runs. Delta's VACUUM prints
+    `Deleted N files and directories in a total of M directories.` that way (DatabricksLogging
+    .logConsole), once per table and round, into every maintenance's output and the pipeline's
+    log, and no logger setting reaches it. Scala 2.13 keeps the stream in a per-thread variable
+    (`Console.outVar`, private; `withOut` takes a Scala closure, which py4j cannot pass); it is
+    set for the py4j thread serving this Python thread (PySpark pins them one to one), which is
+    the one a SQL command runs on. If an upgrade moved it, the block runs and prints as before."""
+    try:
+        field = spark._jvm.java.lang.Class.forName("scala.Console$").getDeclaredField("outVar")
+        field.setAccessible(True)
+        out = field.get(None)
+        before = out.value()
+        set_out = getattr(out, "value_$eq")       # Scala's setter of `value`
+        set_out(spark._jvm.java.io.PrintStream(spark._jvm.java.io.OutputStream.nullOutputStream()))
+    except api_moved():
+        set_out = None
+    try:
+        yield
+    finally:
+        if set_out is not None:
+            set_out(before)
 
 
 _STATE_STORE = "org.apache.spark.sql.execution.streaming.state.StateStore"

@@ -105,16 +105,18 @@ def _vacuum(spark, path: str, mode: str) -> str:
     from pyspark.errors import PySparkException
 
     from common.errors import spark_condition
+    from common.internals import quiet_console
 
-    if mode == "lite":
-        try:
-            spark.sql(f"VACUUM delta.`{path}` LITE")
-            return "lite"
-        except PySparkException as e:
-            if spark_condition(e) != "DELTA_CANNOT_VACUUM_LITE":
-                raise
-    spark.sql(f"VACUUM delta.`{path}` FULL")
-    return "full"
+    with quiet_console(spark):       # Delta prints each VACUUM's count; the caller reports it
+        if mode == "lite":
+            try:
+                spark.sql(f"VACUUM delta.`{path}` LITE")
+                return "lite"
+            except PySparkException as e:
+                if spark_condition(e) != "DELTA_CANNOT_VACUUM_LITE":
+                    raise
+        spark.sql(f"VACUUM delta.`{path}` FULL")
+        return "full"
 
 
 def _deleted_rows(spark, path: str) -> int:

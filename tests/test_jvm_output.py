@@ -22,14 +22,24 @@ try:
     spark.sql("SELECT no_such_column_here")
 except AnalysisException:
     pass
+# Delta's VACUUM prints its count with Scala's println: not inside quiet_console, and only there.
+import tempfile
+from common.internals import quiet_console
+table = tempfile.mkdtemp() + "/t"
+spark.range(3).write.format("delta").save(table)
+with quiet_console(spark):
+    spark.sql(f"VACUUM delta.`{table}`")
+spark._jvm.scala.Console.println("printed by Scala after the block")
+spark._jvm.scala.Console.flush()
 stop(spark)
 """
 
 
-def test_a_session_prints_no_incubator_warning_nor_handled_sql_errors_and_passes_the_jvms_stderr(env):
+def test_a_session_prints_no_incubator_warning_nor_handled_sql_errors_and_passes_the_jvms_output(env):
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Using incubator modules" not in done.stderr
     assert "written by the JVM on its stderr" in done.stderr
     assert "no_such_column_here" not in done.stderr and "QueryContextLogger" not in done.stderr
+    assert "Deleted" not in done.stdout and "printed by Scala after the block" in done.stdout, done.stdout
