@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -239,19 +240,17 @@ def _run(path_arg: str | None, dry_run: bool = False) -> int:
     # Each load plans from the version it read and overwrites the table: two at once would both
     # read version N and the later one's commit would drop the other's snapshots. One at a time,
     # by a lock beside the checkpoints (a lease on object storage), taken before Spark starts.
-    try:
-        lock = CheckpointLocks(cfg, [LOAD_LOCK]).__enter__() if not dry_run else None
-    except CheckpointBusy as e:
-        raise JobError(f"another load of {name} is running ({e.holder}): wait for it to end, "
-                       "then load again") from None
-    try:
+    with ExitStack() as held:
+        if not dry_run:
+            try:
+                held.enter_context(CheckpointLocks(cfg, [LOAD_LOCK]))
+            except CheckpointBusy as e:
+                raise JobError(f"another load of {name} is running ({e.holder}): wait for it to end, "
+                               "then load again") from None
         with session(cfg, "locations-load") as spark:
             p = plan(spark, cfg, path)
             report(p, dim, name)
             version = None if dry_run else write(spark, cfg, p)
-    finally:
-        if lock is not None:
-            lock.__exit__()
     now = sum(1 for r in p.after if r.valid_to is None)
     if dry_run:
         what = "dry run, nothing written: " + ("the load would write a new version" if p.writes
