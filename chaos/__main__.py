@@ -3,9 +3,11 @@ nothing was lost or duplicated.
 
     python -m chaos [--kills 10] [--seed N] [--root DIR] [--report FILE]
 
-The three jobs run as separate processes on processing-time triggers while landing files keep
-arriving in waves. On a schedule drawn from --seed (printed first), one job's whole process tree
-(the Python driver and its JVM) is killed with SIGKILL and restarted at once. After the last
+The pipeline runs on processing-time triggers while landing files keep arriving in waves: by
+default as one `run-all` process (--mode app), or each layer as its own process (split), or
+first the one and then the others (mixed). On a schedule drawn from --seed (printed first), a
+process's whole tree (the Python driver and its JVM) is killed with SIGKILL and restarted at
+once. After the last
 kill: available-now bronze, silver and gold drain what is left, the audit (`make audit`'s
 run_audit) runs, and every generated line and event is looked for in bronze and silver, both in
 one Spark session of this process. Exit 0
@@ -134,11 +136,14 @@ def _audit(spark, cfg) -> tuple[int, dict | None]:
 
 def _print_summary(s: dict) -> None:
     print(f"\nchaos summary (seed {s['seed']}, rerun with --seed {s['seed']})")
-    print(f"  kills: {len(s['kills'])} {s['kills_by_layer']}, {s['waves']} landing waves, "
-          f"{s['chaos_seconds']} s until drained")
+    by_layer = ", ".join(f"{layer} {n}" for layer, n in s["kills_by_layer"].items())
+    print(f"  kills: {len(s['kills'])}{f' ({by_layer})' if by_layer else ''}, "
+          f"{s['waves']} landing waves, {s['chaos_seconds']} s until drained")
     for msg in s["unexpected_exits"]:
         print(f"  UNEXPECTED EXIT: {msg}")
     for k, v in (s.get("figures") or {}).items():
+        if isinstance(v, dict):     # per query: the batches a check names
+            v = "; ".join(f"{q} {b}" for q, b in v.items()) or "none"
         print(f"  {k}: {v}")
     for c in s.get("checks", []):
         print(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}")
