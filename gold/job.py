@@ -293,6 +293,9 @@ def start_query(spark, cfg, specs, suites: dict):
 def select(cfg, only=None) -> list[GoldTable]:
     tables = for_config(cfg)
     unknown = set(only or ()) - {t.key for t in tables}
+    if only is not None and not only:
+        raise ConfigError(f"--only: names no table; give one or more of "
+                          f"{', '.join(t.key for t in tables)}, separated by commas")
     if unknown:
         raise ConfigError(f"--only: unknown {sorted(unknown)} for profile {cfg.profile.name} "
                           f"(known: {', '.join(t.key for t in tables)})")

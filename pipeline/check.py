@@ -87,11 +87,11 @@ def owner_problems(spark, cfg, layers) -> list[str]:
 @command
 def main(argv=None, *, spark=None, env=None, prog: str = "pipeline.check") -> int:
     from common.config import load_config
-    from pipeline.cli import overrides
+    from pipeline.cli import only_keys, overrides
 
     args = parser(prog).parse_args(argv)
     names = ORDER if args.layer == "all" else (args.layer,)
-    only = set(args.only.split(",")) if args.only else None
+    only = only_keys(args)
     try:
         cfg = load_config(env=env, overrides=overrides(args))
     except JobError as e:               # nothing else can be checked without the config

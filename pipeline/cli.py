@@ -56,6 +56,13 @@ def overrides(args) -> dict:
             for flag, key in FLAG_KEYS.items() if getattr(args, flag, None)}
 
 
+def only_keys(args) -> set[str] | None:
+    """--only's table keys; None when the flag is absent (every table). Blanks around commas are
+    ignored; a flag that names no key stays an empty set, which gold's select refuses."""
+    text = getattr(args, "only", None)
+    return None if text is None else {k.strip() for k in text.split(",") if k.strip()}
+
+
 def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | None = None) -> int:
     from common.config import ConfigError, load_config
     from common.log import configure
@@ -66,7 +73,7 @@ def main(argv=None, layer: str | None = None, spark=None, env=None, prog: str | 
     configure()
     chosen = layer or args.layer
     layers = ORDER if chosen == "all" else (chosen,)
-    only = set(args.only.split(",")) if getattr(args, "only", None) else None
+    only = only_keys(args)
     try:
         cfg = load_config(env=env, overrides=overrides(args))
         if spark is None:

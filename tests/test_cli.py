@@ -236,3 +236,27 @@ def test_run_flags_are_config_overrides_and_leave_the_environment_alone(monkeypa
         assert pipeline_cli.main(["--layer", "silver", "--interval", "soon"]) == 2
     assert any(r.getMessage().endswith("(value from command-line flag --interval)") for r in caplog.records)
     assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize("only, expected", [
+    ("sessions, sightings", "exit 0"),
+    (",", "--only: names no table; give one or more of sightings, activity, sessions, devices"),
+    ("sessions,nope", "--only: unknown ['nope'] for profile nest"),
+])
+def test_only_is_read_once_for_run_and_check_and_a_flag_naming_no_table_is_refused(only, expected):
+    """`--only` of run and check go through one parser: blanks around commas are ignored, and
+    `--only ,` is refused by name instead of running every table."""
+    from common.config import ConfigError, load_config
+    from gold.job import select
+    from pipeline import check, cli as pipeline_cli
+
+    keys = pipeline_cli.only_keys(pipeline_cli.parser().parse_args(["--only", only]))
+    assert keys == pipeline_cli.only_keys(check.parser("check").parse_args(["--only", only]))
+    assert pipeline_cli.only_keys(pipeline_cli.parser().parse_args([])) is None
+    cfg = load_config()
+    if expected == "exit 0":
+        assert [t.key for t in select(cfg, keys)] == ["sightings", "sessions"]
+        return
+    with pytest.raises(ConfigError) as err:
+        select(cfg, keys)
+    assert str(err.value).startswith(expected), str(err.value)
