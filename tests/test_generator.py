@@ -62,9 +62,11 @@ def test_files_match_the_manifest(tmp_path, cfg):
     assert m["events"] == 3000 and m["sink"] == "files" and m["topic"] is None and m["seed"] == 3
     assert sum(m["malformed_kinds"].values()) == m["malformed"]
 
-    # Same seed rewrites the same names byte for byte; a new seed adds files beside them.
+    # Same seed and arguments: the same names, left as they were; a new seed adds files beside them.
+    stamps = [os.stat(p).st_mtime_ns for p in m["files"]]
     assert run(tmp_path, "-n", "3000", "--seed", "3", "--files", "4", *rates)["files"] == m["files"]
     assert [open(p, "rb").read() for p in m["files"]] == first
+    assert [os.stat(p).st_mtime_ns for p in m["files"]] == stamps
     other = run(tmp_path, "-n", "3000", "--seed", "4", "--files", "4", *rates)
     assert set(other["files"]).isdisjoint(m["files"])
     names = sorted(os.listdir(cfg.landing))
@@ -174,6 +176,20 @@ def test_bad_arguments_and_config_fail_with_status_2(cfg, monkeypatch, capsys):
     monkeypatch.setenv("LAKEHOUSE__GENERATOR__DUPLICATE_RATE", "2")
     assert gen.main(["-n", "10"]) == 2
     assert "generator.duplicate_rate" in capsys.readouterr().err
+
+
+def test_the_same_seed_with_other_events_is_refused_and_rewrites_no_landing_file(tmp_path, cfg, capsys):
+    """Bronze reads a landing file once by its name: `make generate N=500` after `make generate`
+    (same seed, same names, other events) would hide its events from bronze for good. The
+    generator refuses before writing, names a file and the way out, and leaves every file."""
+    m = run(tmp_path, "-n", "2000", "--files", "4")
+    before = {p: open(p, "rb").read() for p in m["files"]}
+    assert gen.main(["-n", "500", "--files", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "4 landing files of seed 7 are already there with other events" in err, err
+    assert m["files"][0] in err and "SEED=8" in err and "make clean-lakehouse" in err
+    assert {p: open(p, "rb").read() for p in m["files"]} == before
+    assert sorted(os.listdir(cfg.landing)) == sorted(os.path.basename(p) for p in m["files"])
 
 
 def test_another_profile_s_landing_is_refused_and_left_untouched(cfg, tmp_path, monkeypatch, capsys):
@@ -359,6 +375,7 @@ def session_summary(times, gap_s):
 def test_rhythm_comes_from_conf_and_bad_values_name_the_key(tmp_path, cfg, monkeypatch, capsys):
     default = run(tmp_path, "-n", "1000", "--seed", "2")
     monkeypatch.setenv("LAKEHOUSE__GENERATOR__IDLE_GAP", "5 minutes")
+    monkeypatch.setenv("LANDING", str(tmp_path / "busy"))     # the same seed's names, other events
     busy = run(tmp_path, "-n", "1000", "--seed", "2")
     # Idle gaps a ninth as long: the same events in far less time, and bursts run together.
     assert busy["span_s"] < default["span_s"] / 4

@@ -251,18 +251,30 @@ def _weights(known: int, unknown: int, unknown_rate: float) -> list[float]:
 
 
 def write_files(records: list[Record], landing: Location, seed: int, n_files: int) -> list[Location]:
-    """Split the stream into contiguous JSON-lines files named by seed and index."""
+    """Split the stream into contiguous JSON-lines files named by seed and index. A file already
+    there with the same bytes is left alone (the same seed and arguments again); one with other
+    bytes is a SinkError before anything is written: bronze reads a landing file once by its
+    name, so rewriting it would hide the new events from bronze for good."""
     n_files = max(1, min(n_files, len(records)))
     size, extra = divmod(len(records), n_files)
-    paths, pos = [], 0
+    files, pos = [], 0
     for i in range(n_files):
         chunk = records[pos:pos + size + (i < extra)]
         pos += len(chunk)
         # Only "\n" ends a line: the data holds no "\r", which Spark's text source would also split on.
-        path = landing / f"part-{seed}-{i:04d}.jsonl"
-        write_atomic(path, b"".join(r.value + b"\n" for r in chunk))
-        paths.append(path)
-    return paths
+        files.append((landing / f"part-{seed}-{i:04d}.jsonl", b"".join(r.value + b"\n" for r in chunk)))
+    there = {str(path) for path, data in files if path.exists()}
+    other = [path for path, data in files if str(path) in there and path.read_bytes() != data]
+    if other:
+        raise SinkError(
+            f"{len(other)} landing files of seed {seed} are already there with other events "
+            f"({other[0]}{' and more' if len(other) > 1 else ''}): bronze reads a landing file once by "
+            f"its name, so it would never read these. Give another seed to add files (make generate "
+            f"SEED={seed + 1}), or start from an empty lakehouse (make clean-lakehouse)")
+    for path, data in files:
+        if str(path) not in there:
+            write_atomic(path, data)
+    return [path for path, _ in files]
 
 
 def locations_csv(cfg) -> Path:
