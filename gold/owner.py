@@ -5,8 +5,14 @@ checkpoint whose batches built it. Another query (a deleted checkpoint, another 
 selection) would read silver from its start and count every event again; rows changed by hand
 since the query's last batch (a RESTORE) no longer hold what it folded in; and a table added
 to the profile after the query has run would begin at silver's current position and silently
-miss its history."""
+miss its history.
+
+A profile changed since a table's last batch (a session gap, a window) is no reason to refuse:
+the query goes on with today's logic, as a streaming flow does after its definition changes,
+and says which tables still hold rows of the old one."""
 from __future__ import annotations
+
+import logging
 
 from common.errors import JobError
 from common.delta import last_lineage
@@ -16,8 +22,12 @@ from common.refreshing import check_not_switching, refresh_folder, refresh_state
 from common.storage import is_delta_table
 
 
-def check_owner(spark, cfg, query: str, tables) -> None:
-    """Refuse to start a query whose batches would make a table's rows wrong (see above)."""
+def check_owner(spark, cfg, query: str, tables) -> dict[str, str]:
+    """Refuse to start a query whose batches would make a table's rows wrong (see above). Returns
+    the tables whose last batch ran other logic than today's profile gives, each with that
+    logic's hash (gold/tables.logic_hash), after warning about them."""
+    from gold.tables import logic_hash
+
     check_not_switching(cfg, "gold")
     checkpoint = cfg.checkpoint(query)
     mine = checkpoint_id(checkpoint)          # None: no query has started on it yet
@@ -31,6 +41,7 @@ def check_owner(spark, cfg, query: str, tables) -> None:
                "(make refresh TABLE=gold) builds it beside the live tables and switches them "
                "in one commit each.")
     folded = last_logged_batch(checkpoint) if mine is not None else -1
+    today, other = logic_hash(cfg), {}
     for spec in tables:
         path = cfg.table_path("gold", spec.table)
         if not is_delta_table(path):
@@ -56,3 +67,13 @@ def check_owner(spark, cfg, query: str, tables) -> None:
                 f"gold.{spec.table} was changed outside the pipeline ({operation} at version "
                 f"{version}) after the last batch of {query}: its rows no longer hold what the "
                 f"query folded in, and the next batches would build on them. {rebuild}")
+        made_with = ((writer or {}).get("logic") or {}).get("hash")
+        if made_with not in (None, today):
+            other[spec.table] = made_with
+    if other:
+        logging.getLogger(__name__).warning(
+            f"{', '.join(f'gold.{t}' for t in other)}: last written with other logic than profile "
+            f"{cfg.profile.name} gives today (hash {', '.join(sorted(set(other.values())))}, today "
+            f"{today}): the rows this run changes follow today's, the others keep the old logic's. "
+            f"{rebuild}")
+    return other

@@ -19,7 +19,8 @@ from delta.tables import DeltaTable
 from common.config import load_config
 from common.errors import JobError
 from common.internals import checkpoint_id
-from gold.tables import logic_hash
+from gold.owner import check_owner
+from gold.tables import for_config, logic_hash
 from pipeline.refresh import refresh
 from tests.test_audit import LOCATIONS, REPO, forget_names, record
 
@@ -124,6 +125,7 @@ def refreshed(spark, tmp_path_factory):
     before = {t: version(spark, old.table_path("gold", t)) for t in old.tables["gold"]}
     old_rows = spark.read.format("delta").load(sessions).count()
     replaced = checkpoint_id(old.checkpoint("gold"))
+    stale = check_owner(spark, new, "gold", for_config(new))    # what gold's next start warns of
 
     reader = Reader(spark, sessions)
     reader.start()
@@ -149,7 +151,8 @@ def refreshed(spark, tmp_path_factory):
     from audit.__main__ import run_audit
 
     yield dict(old=old, new=new, done=done, reader=reader.seen, before=before, old_rows=old_rows,
-               replaced=replaced, took=took, sessions=sessions,
+               replaced=replaced, took=took, sessions=sessions, stale=stale,
+               stale_after=check_owner(spark, new, "gold", for_config(new)),
                audit_new=run_audit(spark, new), audit_old=run_audit(spark, old, "gold.device_sessions"))
     forget_names(spark)
 
@@ -170,6 +173,14 @@ def test_each_gold_table_switches_in_one_commit_whose_lineage_names_the_refresh(
     # Nothing of the refresh is left beside the live tables.
     assert not (Path(str(new.root)) / "gold" / "_refresh").exists()
     assert not (Path(str(new.checkpoint_root)) / "_refresh" / "gold").exists()
+
+
+def test_gold_started_on_a_changed_profile_names_the_tables_of_the_old_logic_until_the_refresh(refreshed):
+    """Before the refresh, gold's start would go on with the 10-minute gap over tables whose last
+    batch ran the 30-minute one: it names every table and the old logic; after it, none."""
+    old, new = refreshed["old"], refreshed["new"]
+    assert refreshed["stale"] == {t: logic_hash(old) for t in new.tables["gold"]}
+    assert refreshed["stale_after"] == {}
 
 
 def test_readers_never_see_a_smaller_or_empty_table_and_the_old_one_stays_readable(spark, refreshed):
