@@ -73,6 +73,8 @@ class Layer:
     validate: Callable = lambda: None           # checks with heavy imports (GX suites); raise JobError.
                                                 # They run while the session starts, before any flow
     describe: str = ""                          # "<source> -> <sink>" for the start line
+    settle: Callable = lambda: None             # waits for what it started in the background (a
+                                                # read-ahead's job) before the session stops
 
     @property
     def queries(self) -> list[str]:

@@ -342,6 +342,8 @@ class Runner:
                 self._continuous()
         finally:
             try:
+                for layer in self.layers:
+                    layer.settle()
                 recorder.close()
                 self.spark.streams.removeListener(recorder)
             finally:

@@ -95,6 +95,7 @@ class Dimension:
         self.path = path
         self._cached = None          # (version, its cached rows)
         self._lock = threading.Lock()
+        self._warming = None         # the read-ahead's thread
 
     @classmethod
     def of(cls, cfg) -> Dimension | None:
@@ -115,7 +116,14 @@ class Dimension:
                 except Exception as e:   # noqa: BLE001 - the batch reads it again, and raises
                     log.info(f"{self.path}: not read ahead ({describe(e)})")
 
-        InheritableThread(target=fill, name="dimension-warm", daemon=True).start()
+        self._warming = InheritableThread(target=fill, name="dimension-warm", daemon=True)
+        self._warming.start()
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Wait for the read-ahead: a run that ends first (nothing new to read) would stop the
+        session under its job, and Spark prints the cancelled job's and its blocks' errors."""
+        if self._warming is not None:
+            self._warming.join(timeout_s)
 
     def at(self, spark, version: int):
         with self._lock:
@@ -352,7 +360,8 @@ def layer(cfg, suite=None) -> Layer:
                  prepare=lambda spark: ensure_tables(spark, cfg, dimension=False),
                  prepare_alone=lambda spark: seed_dimension(spark, cfg, dimension),
                  validate=lambda: silver_suite(cfg),
-                 describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})")
+                 describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})",
+                 settle=dimension.settle if dimension else lambda: None)
 
 
 if __name__ == "__main__":

@@ -163,3 +163,19 @@ def test_the_pipeline_runs_every_layer_in_one_application(spark, env, cfg):
     assert read("silver", "camera_events").count() == 400
     assert spark.sql(f"DESCRIBE HISTORY delta.`{cfg.table_path('silver', 'camera_events')}`").count() \
         == versions["silver"]
+
+
+def test_the_runner_waits_for_each_layer_s_background_work_before_the_session_stops(spark, env, tmp_path):
+    """Silver reads its dimension ahead on a thread of its own; a run with nothing to read ends
+    before it, and stopping the session under its job printed the cancelled job's and blocks'
+    errors. The runner settles every layer before it stops the session, whatever the outcome."""
+    from silver.job import Dimension
+
+    cfg = load_config(env=dict(env, LAKEHOUSE_ROOT=str(tmp_path / "lakehouse")))
+    settled = []
+    layers = [Layer("bronze", None, (), settle=lambda: settled.append("bronze")),
+              Layer("silver", "bronze", (), settle=lambda: settled.append("silver"))]
+    assert Runner(cfg, layers, spark=spark).run() == 0
+    assert settled == ["bronze", "silver"]
+    silver = declare(cfg, ("silver",))[0]
+    assert silver.settle.__func__ is Dimension.settle
