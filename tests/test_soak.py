@@ -104,6 +104,19 @@ def test_state_rows_that_follow_starved_batches_are_contention_but_a_quiet_leak_
     assert verdict([0.05] * 8)["verdict"] == "GROWS"
 
 
+def test_a_short_soak_samples_a_twelfth_of_its_run_unless_told_and_a_sparse_interval_is_refused(tmp_path):
+    """`make soak MINUTES=2` runs: the conf's 1-minute samples would be two, so a run that short
+    is sampled SAMPLES times; an interval given that leaves fewer than four is a usage error."""
+    from bench.soak.settings import SAMPLES, UsageError, settings
+
+    args, _, _ = settings(["--minutes", "2", "--out", str(tmp_path)], "soak", "")
+    assert args.interval.seconds == 120 / SAMPLES and args.warmup_s == 40
+    args, _, _ = settings(["--minutes", "30", "--out", str(tmp_path)], "soak", "")
+    assert args.interval.seconds == 60 and args.warmup_s == 180     # conf soak.sample_interval, warmup
+    with pytest.raises(UsageError, match="leaves fewer than 4 samples in 2 min: give a shorter one"):
+        settings(["--minutes", "2", "--sample-interval", "1 minute", "--out", str(tmp_path)], "soak", "")
+
+
 @pytest.mark.slow
 def test_short_soak_end_to_end(tmp_path, env):
     out = tmp_path / "soak"

@@ -27,6 +27,9 @@ def soak_overrides(soak, maintenance: bool) -> dict[str, str]:
     return env
 
 
+SAMPLES = 12        # a run shorter than this many conf sample intervals is sampled this often
+
+
 def settings(argv, prog: str, description: str) -> tuple[argparse.Namespace, dict, object]:
     """Options with conf defaults, the job environment and its config; UsageError when bad."""
     from common.config import ConfigError, load_config, parse_duration
@@ -37,7 +40,8 @@ def settings(argv, prog: str, description: str) -> tuple[argparse.Namespace, dic
     p.add_argument("--rate", type=int, help="events per second landed (default: soak.rate)")
     p.add_argument("--no-maintenance", action="store_true",
                    help="no OPTIMIZE/VACUUM and no auto compaction, to compare files per table")
-    p.add_argument("--sample-interval", help="e.g. '15 seconds' (default: soak.sample_interval)")
+    p.add_argument("--sample-interval", help="e.g. '15 seconds' (default: soak.sample_interval, or a "
+                                             f"{SAMPLES}th of a run too short for {SAMPLES} of those)")
     p.add_argument("--warmup", help="samples before this are charted, not judged (default: soak.warmup, "
                                     "at most a third of the run)")
     p.add_argument("--out", help="results folder (default: soak.out)")
@@ -58,8 +62,12 @@ def settings(argv, prog: str, description: str) -> tuple[argparse.Namespace, dic
     if base.profile.name != "nest":
         raise UsageError(f"the soak feeds the nest generator's events; PROFILE={base.profile.name} does not read them")
     run_s = args.minutes * 60
+    if not args.sample_interval and args.interval.seconds * SAMPLES > run_s:
+        # `make soak MINUTES=2`: as many samples as a default run has at least, not an error.
+        args.interval = parse_duration(f"{run_s / SAMPLES:g} seconds")
     if args.interval.seconds * 4 > run_s:
-        raise UsageError(f"--sample-interval {args.interval} leaves fewer than 4 samples in {args.minutes:g} min")
+        raise UsageError(f"--sample-interval {args.interval} leaves fewer than 4 samples in {args.minutes:g} "
+                         f"min: give a shorter one, or leave it out ({SAMPLES} samples in a short run)")
     # A short run keeps two thirds of its samples for judging, halves of a few samples each.
     args.warmup_s = min(warmup.seconds, run_s / 3)
     stamp = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
