@@ -318,9 +318,11 @@ def _launch(conf) -> None:
     from common.internals import launch_driver_jvm
 
     def stderr_pipe() -> int:
-        # The JVM's stderr, through _forward_stderr; the pipe ends when the JVM does.
+        # The JVM's stderr, through _forward_stderr; the pipe ends when the JVM does. It goes where
+        # this process's stderr pointed at the launch, as a child's would (bench/soak points it at
+        # spark.log while the JVM starts, and back at the console after).
         read, write = os.pipe()
-        threading.Thread(target=_forward_stderr, args=(read,), name="jvm-stderr", daemon=True).start()
+        threading.Thread(target=_forward_stderr, args=(read, os.dup(2)), name="jvm-stderr", daemon=True).start()
         return write
 
     try:
@@ -329,17 +331,19 @@ def _launch(conf) -> None:
         pass
 
 
-def _forward_stderr(fd: int) -> None:
-    """The JVM's stderr, line by line as it comes, to this process's, less JVM_STARTUP_NOISE."""
+def _forward_stderr(fd: int, target: int = 2) -> None:
+    """The JVM's stderr, line by line as it comes, to `target`, less JVM_STARTUP_NOISE."""
     with os.fdopen(fd, "rb") as pipe:
         for line in pipe:
             if line.rstrip(b"\r\n") in JVM_STARTUP_NOISE:
                 continue
             try:
                 while line:
-                    line = line[os.write(2, line):]
+                    line = line[os.write(target, line):]
             except OSError:     # stderr closed: keep draining, so the JVM never blocks on it
                 pass
+    if target != 2:
+        os.close(target)
 
 
 def build_spark(cfg: Config, app_name: str | None = None, extra: dict[str, str] | None = None):

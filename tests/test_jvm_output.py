@@ -9,9 +9,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
+import os, sys
 from common.config import load_config
 from common.spark import build_spark, stop
+# As bench/soak does: stderr at a file while the JVM starts, back at ours after. The JVM's
+# output stays where it was pointed at its launch, as a child process's would.
+saved, log = os.dup(2), os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+os.dup2(log, 2)
 spark = build_spark(load_config(), "jvm-output")
+os.dup2(saved, 2)
 # The module is still added (the launcher's flag is untouched), only its warning is dropped.
 assert spark._jvm.java.lang.ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent()
 spark._jvm.java.lang.System.err.println("written by the JVM on its stderr")
@@ -35,11 +41,13 @@ stop(spark)
 """
 
 
-def test_a_session_prints_no_incubator_warning_nor_handled_sql_errors_and_passes_the_jvms_output(env):
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Using incubator modules" not in done.stderr
-    assert "written by the JVM on its stderr" in done.stderr
+def test_a_session_prints_no_incubator_warning_nor_handled_sql_errors_and_passes_the_jvms_output(env, tmp_path):
+    launched = tmp_path / "stderr-at-launch.log"
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(launched)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    jvm = launched.read_text()
+    assert done.returncode == 0, done.stderr[-3000:] + jvm[-3000:]
+    assert "Using incubator modules" not in jvm + done.stderr
+    assert "written by the JVM on its stderr" in jvm and "written by the JVM" not in done.stderr
     assert "no_such_column_here" not in done.stderr and "QueryContextLogger" not in done.stderr
     assert "Deleted" not in done.stdout and "printed by Scala after the block" in done.stdout, done.stdout
