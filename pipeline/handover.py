@@ -176,5 +176,5 @@ def logic(layer: str, cfg) -> str:
     if layer == "gold":
         from gold.tables import logic_hash
     else:
-        from pipeline.refresh_silver import logic_hash
+        from silver.logic import logic_hash
     return logic_hash(cfg)

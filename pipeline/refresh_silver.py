@@ -31,7 +31,6 @@ silver or gold run refuses to start on a half-switched lakehouse and says so.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import time
 import uuid
@@ -42,21 +41,13 @@ from common.errors import JobError
 from common.refreshing import REFRESH, SILVER as QUERY, refresh_folder, refresh_state
 from common.storage import is_delta_table
 from pipeline import handover
+from silver.logic import logic_hash
 from pipeline.refresh import (ROUNDS, Target, covered, discard, latest_version, live_lock, made_by,
                               on_local_disk, shadow_lineage, write_state)
 
 log = logging.getLogger("pipeline.refresh")
 
 SHADOWED = (("silver", late.TABLE), ("silver", "quarantine"), ("ops", "new_fields"), ("ops", "batch_accounting"))
-
-
-def logic_hash(cfg) -> str:
-    """What decides silver's rows, hashed: how the profile parses, keys and joins a record, and
-    silver's time bounds and watermark."""
-    p, s = cfg.profile, cfg.silver
-    what = (p.parse, p.source, p.silver_table, p.dimension,
-            s.min_event_time, s.max_future, s.max_record_bytes, s.dedup_watermark)
-    return hashlib.sha256(repr(what).encode()).hexdigest()[:16]
 
 
 class SilverShadow:

@@ -32,6 +32,7 @@ from common.internals import running_input
 from common.refreshing import check_not_switching
 from silver import contract as C
 from silver import drift as D
+from silver import logic as silver_logic
 from silver import transform as T
 from silver.locations import ensure_seeded, schema as locations_schema
 
@@ -158,6 +159,11 @@ class SilverBatch(MicroBatch):
         self._dimension = dimension or Dimension.of(cfg)
         self.late_table_ready = False
         self.paths = {"bronze": cfg.table_path("bronze", "events"), "events": events}
+        self.logic = silver_logic.lineage(cfg)
+
+    def lineage(self, batch_id: int) -> dict:
+        """The batch's lineage and the parsing its rows follow (silver/logic.py)."""
+        return {**super().lineage(batch_id), "logic": self.logic}
 
     def pin_dimension(self, lineage: dict) -> int:
         """Pin the dimension's version, so the lineage of the batch's commits (accounting included)
@@ -355,9 +361,14 @@ def layer(cfg, suite=None) -> Layer:
     # A bad suite fails here or in validate, before any query.
     suite = suite or silver_suite(cfg, gx=False)
     dimension = Dimension.of(cfg)
+
+    def prepare(spark) -> None:
+        ensure_tables(spark, cfg, dimension=False)
+        silver_logic.other_logic(spark, cfg)      # warns of rows parsed by another profile
+
     return Layer("silver", "bronze", (Flow(QUERY, "silver", lambda spark: start_query(spark, cfg, suite, dimension)),),
                  reads_table=cfg.table_path("bronze", "events"),
-                 prepare=lambda spark: ensure_tables(spark, cfg, dimension=False),
+                 prepare=prepare,
                  prepare_alone=lambda spark: seed_dimension(spark, cfg, dimension),
                  validate=lambda: silver_suite(cfg),
                  describe=f"bronze.events -> silver.{cfg.silver_table} (profile {cfg.profile.name})",

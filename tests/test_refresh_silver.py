@@ -19,6 +19,7 @@ from delta.tables import DeltaTable
 
 from common.internals import checkpoint_id
 from pipeline.refresh import refresh
+from silver.logic import logic_hash, other_logic
 from tests.test_audit import LOCATIONS, REPO, ROUNDS, forget_names, record
 from tests import test_refresh
 from tests.test_refresh import (Reader, config, kill_refresh, kill_run_all, run, start_run_all, stop_run_all,
@@ -83,6 +84,7 @@ def refreshed(spark, tmp_path_factory):
         "rescued": spark.read.format("delta").load(events).where("_rescued_data IS NOT NULL").count(),
         "silver_id": checkpoint_id(old.checkpoint("silver")), "gold_id": checkpoint_id(old.checkpoint("gold")),
         "sessions": spark.read.format("delta").load(old.table_path("gold", "device_sessions")).count(),
+        "other_logic": other_logic(spark, new),     # what silver's next start on `new` warns of
     }
     reader = Reader(spark, events)
     reader.start()
@@ -101,7 +103,7 @@ def refreshed(spark, tmp_path_factory):
     from audit.__main__ import run_audit
 
     yield dict(old=old, new=new, done=done, before=before, profiles=root / "profiles", reader=reader.seen, events=events,
-               audit=run_audit(spark, new))
+               audit=run_audit(spark, new), other_logic_after=other_logic(spark, new))
     forget_names(spark)
 
 
@@ -120,6 +122,13 @@ def test_silver_switches_in_one_commit_per_table_and_gold_follows(spark, refresh
     assert {f"gold.{t}" for t in new.tables["gold"]} <= dict(done["tables"]).keys()
     assert not (Path(str(new.root)) / "silver" / "_refresh").exists()
     assert not (Path(str(new.checkpoint_root)) / "_refresh" / "silver").exists()
+
+
+def test_silver_started_on_a_changed_profile_warns_of_the_old_parsing_until_the_refresh(refreshed):
+    """Each silver commit carries the hash of its parsing: started on the profile that declares
+    battery_level, silver's set-up names the old one; after the refresh, nothing."""
+    assert refreshed["before"]["other_logic"] == logic_hash(refreshed["old"]) != logic_hash(refreshed["new"])
+    assert refreshed["other_logic_after"] is None
 
 
 def test_the_newly_declared_field_is_filled_for_past_events_from_bronze(spark, refreshed):
