@@ -38,6 +38,17 @@ def test_odd_counts_leave_the_middle_out_and_settle_times_follow_retention():
     assert settle_s("heap_used", ctx) == 180
     assert settle_s("disk_files", ctx) == 720
     assert settle_s("checkpoint_bytes", ctx) == 900        # (20 retained + 10 to a snapshot) x 30 s
+    # State fills until the watermark lets its oldest entries go: judged from then on, and in
+    # a soak shorter than that (make soak MINUTES=2) not judged at all, instead of "grows".
+    from bench.soak.run import state_horizon_s
+    from common.config import load_config
+
+    assert state_horizon_s(load_config()) == 7200 / 60     # silver's 2-hour dedup at 60x
+    assert settle_s("state_rows", dict(ctx, state_horizon_s=120)) == 180
+    short = dict(ctx, warmup_s=40, run_s=120, state_horizon_s=120)
+    assert settle_s("state_bytes", short) == 120
+    filling = [{"t": t, "queries": {"silver": {"state_rows": t * 100}}} for t in range(10, 121, 10)]
+    assert {r["series"]: r for r in verdicts(filling, short, 0.25)}["state_rows[silver]"]["verdict"] == "short"
 
 
 def test_checkpoints_are_judged_once_every_stateful_query_made_enough_batches():

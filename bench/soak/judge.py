@@ -57,6 +57,11 @@ RETENTION_BOUND = {"disk_files", "log_read_bytes"}
 # samples during which others took at most this share of the machine, and "contended"
 # (charted, not a finding) when too few such samples are left.
 PACED = {"batch_ms_mean", "state_rows"}
+# A query's state fills until its oldest entries leave by the watermark: silver's dedup keys
+# after silver.dedup_watermark of event time, gold's open sessions after gold's watermark and
+# a session gap; in a soak that is that span over soak.event_time_speedup of clock
+# (`state_horizon_s`, two minutes with the conf's), which a short soak may not reach.
+STATE = {"state_rows", "state_bytes"}
 MAX_OTHERS_SHARE = 0.25
 
 
@@ -96,12 +101,14 @@ SNAPSHOT_DELTAS = 10
 
 def settle_s(kind: str, ctx: dict) -> float:
     """When a kind's series can be flat: after warmup, and after a full retention (plus one
-    maintenance round) for retention-bound ones, and for checkpoint folders once every stateful
+    maintenance round) for retention-bound ones, once the state can be full for state, and for checkpoint folders once every stateful
     query has made min_batches_to_retain + SNAPSHOT_DELTAS batches (older ones are only then
     cleaned up): counted from the samples when known (a query slower than its trigger takes
     longer than its interval suggests), else estimated from the slowest trigger interval."""
     if kind in RETENTION_BOUND:
         return max(ctx["warmup_s"], ctx["retention_s"] + ctx["maintenance_interval_s"])
+    if kind in STATE:
+        return max(ctx["warmup_s"], ctx.get("state_horizon_s", 0))
     if kind == "checkpoint_bytes":
         estimate = (ctx["min_batches_to_retain"] + SNAPSHOT_DELTAS) * ctx["slowest_interval_s"]
         return max(ctx["warmup_s"], ctx.get("checkpoint_settled_s", estimate))

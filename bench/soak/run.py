@@ -38,6 +38,12 @@ STARTUP_TIMEOUT_S = 300
 WARM_TIMEOUT_S = 600
 
 
+def state_horizon_s(cfg) -> float:
+    """Clock seconds until the stateful queries' state can be full (bench.soak.judge.STATE)."""
+    gold = (cfg.gold.watermark.seconds if cfg.gold.watermark else 0) + cfg.gold.windows["session_gap"].seconds
+    return max(cfg.silver.dedup_watermark.seconds, gold) / cfg.soak.event_time_speedup
+
+
 def log(msg: str) -> None:
     print(f"soak {datetime.now(timezone.utc):%H:%M:%S} {msg}", flush=True)
 
@@ -294,7 +300,8 @@ class Soak:
         ctx = {"run_s": run_s, "warmup_s": self.args.warmup_s, "retention_s": soak.retention.seconds,
                "maintenance_interval_s": soak.maintenance_interval.seconds,
                "min_batches_to_retain": soak.min_batches_to_retain,
-               "slowest_interval_s": max(self.meta["intervals_s"].values())}
+               "slowest_interval_s": max(self.meta["intervals_s"].values()),
+               "state_horizon_s": state_horizon_s(self.cfg)}
         ctx["checkpoint_settled_s"] = checkpoint_settled_s(self.samples, soak.min_batches_to_retain + SNAPSHOT_DELTAS,
                                                            never=run_s + 1)
         rows = verdicts(self.samples, ctx, soak.growth_limit)
