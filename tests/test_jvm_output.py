@@ -21,6 +21,11 @@ os.dup2(saved, 2)
 # The module is still added (the launcher's flag is untouched), only its warning is dropped.
 assert spark._jvm.java.lang.ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent()
 spark._jvm.java.lang.System.err.println("written by the JVM on its stderr")
+# An auto compaction that lost to the maintenance's OPTIMIZE is dropped, a real error is not.
+logger = spark._jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.sql.delta.hooks.AutoCompact")
+logger.error("Auto Compaction failed with: [DELTA_CONCURRENT_DELETE_READ.WITHOUT_HINT] Transaction conflict")
+logger.warn("Error when executing post-commit hook Auto Compact for commit 51")
+logger.error("a real error of the same logger")
 assert spark.range(3).count() == 3
 # A SQL error the caller handles prints nothing (PySpark logs each with its stack trace).
 from pyspark.errors import AnalysisException
@@ -49,5 +54,7 @@ def test_a_session_prints_no_incubator_warning_nor_handled_sql_errors_and_passes
     assert done.returncode == 0, done.stderr[-3000:] + jvm[-3000:]
     assert "Using incubator modules" not in jvm + done.stderr
     assert "written by the JVM on its stderr" in jvm and "written by the JVM" not in done.stderr
+    assert "ERROR AutoCompact: a real error of the same logger" in jvm
+    assert "Auto Compaction failed" not in jvm and "post-commit hook" not in jvm
     assert "no_such_column_here" not in done.stderr and "QueryContextLogger" not in done.stderr
     assert "Deleted" not in done.stdout and "printed by Scala after the block" in done.stdout, done.stdout
