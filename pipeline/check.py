@@ -71,10 +71,14 @@ def find_problems(cfg, layers, spark=None, names=None) -> list[str]:
 
 
 def owner_problems(spark, cfg, layers) -> list[str]:
-    """Each gold table written by the checkpoint of the query that would write it now."""
+    """Each gold table written by the checkpoint of the query that would write it now. Tables
+    last written with other logic than today's profile are warned of, as a run's start does."""
     from gold.owner import check_owner
     from pipeline.checks import gold_tables
+    from silver.logic import other_logic
 
+    if any(layer.name == "silver" for layer in layers):
+        other_logic(spark, cfg)
     problems = []
     for flow in (f for layer in layers if layer.name == "gold" for f in layer.flows):
         try:
@@ -87,9 +91,11 @@ def owner_problems(spark, cfg, layers) -> list[str]:
 @command
 def main(argv=None, *, spark=None, env=None, prog: str = "pipeline.check") -> int:
     from common.config import load_config
+    from common.log import configure
     from pipeline.cli import only_keys, overrides
 
     args = parser(prog).parse_args(argv)
+    configure()          # the warnings a run's start gives (other logic) read as a run's do
     names = ORDER if args.layer == "all" else (args.layer,)
     only = only_keys(args)
     try:
