@@ -52,6 +52,7 @@ def file_stream(spark, cfg):
     raw = (reader
            .option("maxFilesPerTrigger", cfg.bronze.max_files_per_trigger)
            .option("latestFirst", str(cfg.bronze.latest_first).lower())
+           .option("recursiveFileLookup", str(cfg.bronze.subfolders).lower())
            # Hidden files (.part-*.tmp) are in-flight writes; the file source skips names
            # starting with '.' or '_', so only renamed, complete files are read.
            .load(str(cfg.landing)))

@@ -162,6 +162,7 @@ class BronzeConf(Spec):
     source: one_of("files", "kafka")
     max_files_per_trigger: PosInt
     latest_first: Bool
+    subfolders: Bool
 
 
 @spec

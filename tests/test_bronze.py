@@ -181,13 +181,20 @@ def test_files_land_in_bronze_byte_for_byte_and_a_rerun_adds_nothing(spark, cfg,
     assert len(lines) == m["records"]
     assert b"" in lines
     assert any(not _is_utf8(line) for line in lines)
+    # A landing laid out by date is read to its leaves (bronze.subfolders); a hidden folder,
+    # an upload in flight, is not.
+    nested = Path(cfg.landing) / "2026" / "11" / "01"
+    nested.mkdir(parents=True)
+    files = [str(Path(m["files"][0]).rename(nested / Path(m["files"][0]).name)), *m["files"][1:]]
+    (Path(cfg.landing) / ".staging").mkdir()
+    (Path(cfg.landing) / ".staging" / "half.jsonl").write_bytes(b'{"device_id": "cam-')
 
     ingest(spark, cfg, "files")
 
     df = bronze_rows(spark, cfg)
     assert df.count() == m["records"]
     assert_unique(df, "file_path", "line_number")
-    assert_bronze_holds_files(spark, cfg, m["files"])
+    assert_bronze_holds_files(spark, cfg, files)
     lineage = df.selectExpr(
         "count_if(source <> 'file') AS not_file",
         "count_if(ingest_time IS NULL OR ingest_date IS NULL OR file_modification_time IS NULL) AS no_time",
