@@ -322,7 +322,11 @@ def _launch(conf) -> None:
         # this process's stderr pointed at the launch, as a child's would (bench/soak points it at
         # spark.log while the JVM starts, and back at the console after).
         read, write = os.pipe()
-        threading.Thread(target=_forward_stderr, args=(read, os.dup(2)), name="jvm-stderr", daemon=True).start()
+        try:
+            target = os.dup(2)
+        except OSError:         # no stderr: _forward_stderr drains the pipe all the same
+            target = 2
+        threading.Thread(target=_forward_stderr, args=(read, target), name="jvm-stderr", daemon=True).start()
         return write
 
     try:

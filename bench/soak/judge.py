@@ -101,10 +101,11 @@ SNAPSHOT_DELTAS = 10
 
 def settle_s(kind: str, ctx: dict) -> float:
     """When a kind's series can be flat: after warmup, and after a full retention (plus one
-    maintenance round) for retention-bound ones, once the state can be full for state, and for checkpoint folders once every stateful
-    query has made min_batches_to_retain + SNAPSHOT_DELTAS batches (older ones are only then
-    cleaned up): counted from the samples when known (a query slower than its trigger takes
-    longer than its interval suggests), else estimated from the slowest trigger interval."""
+    maintenance round) for retention-bound ones, once the state can be full (STATE) for state
+    rows and bytes, and for checkpoint folders once every stateful query has made
+    min_batches_to_retain + SNAPSHOT_DELTAS batches (older ones are only then cleaned up):
+    counted from the samples when known (a query slower than its trigger takes longer than its
+    interval suggests), else estimated from the slowest trigger interval."""
     if kind in RETENTION_BOUND:
         return max(ctx["warmup_s"], ctx["retention_s"] + ctx["maintenance_interval_s"])
     if kind in STATE:

@@ -257,24 +257,28 @@ def write_files(records: list[Record], landing: Location, seed: int, n_files: in
     name, so rewriting it would hide the new events from bronze for good."""
     n_files = max(1, min(n_files, len(records)))
     size, extra = divmod(len(records), n_files)
-    files, pos = [], 0
+    chunks, pos = [], 0
     for i in range(n_files):
         chunk = records[pos:pos + size + (i < extra)]
         pos += len(chunk)
+        chunks.append((landing / f"part-{seed}-{i:04d}.jsonl", chunk))
+
+    def data(chunk) -> bytes:
         # Only "\n" ends a line: the data holds no "\r", which Spark's text source would also split on.
-        files.append((landing / f"part-{seed}-{i:04d}.jsonl", b"".join(r.value + b"\n" for r in chunk)))
-    there = {str(path) for path, data in files if path.exists()}
-    other = [path for path, data in files if str(path) in there and path.read_bytes() != data]
+        return b"".join(r.value + b"\n" for r in chunk)
+
+    there = {str(path) for path, _ in chunks if path.exists()}
+    other = [path for path, chunk in chunks if str(path) in there and path.read_bytes() != data(chunk)]
     if other:
         raise SinkError(
             f"{len(other)} landing files of seed {seed} are already there with other events "
             f"({other[0]}{' and more' if len(other) > 1 else ''}): bronze reads a landing file once by "
             f"its name, so it would never read these. Give another seed to add files (make generate "
             f"SEED={seed + 1}), or start from an empty lakehouse (make clean-lakehouse)")
-    for path, data in files:
+    for path, chunk in chunks:
         if str(path) not in there:
-            write_atomic(path, data)
-    return [path for path, _ in files]
+            write_atomic(path, data(chunk))
+    return [path for path, _ in chunks]
 
 
 def locations_csv(cfg) -> Path:
