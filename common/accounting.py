@@ -13,6 +13,7 @@ finds the first append's key (common.delta.idempotent_append).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from datetime import datetime, timezone
 
@@ -23,6 +24,8 @@ from common.literal_frame import local_frame
 from common.internals import running_execution
 from common.lineage import checkpoint_query_id
 from common.schemas import BATCH_ACCOUNTING
+
+log = logging.getLogger(__name__)
 
 
 class AccountingError(LakehouseError, RuntimeError):
@@ -94,6 +97,17 @@ class Accounting:
         counts = {**written, **self.from_progress(progress)}
         counts["batch_ms"] = progress["durationMs"]["triggerExecution"]
         self._write(query_name, batch_id, counts, lineage, replay)
+        if counts.get("late_dropped"):
+            log.info(self.late_line(query_name, batch_id, counts["late_dropped"]))
+
+    def late_line(self, query_name: str, batch_id: int, late: int) -> str:
+        """What a batch that kept late events says: a backlog arriving behind the watermark (a
+        camera back online) is otherwise only a row count that does not reach the next layer."""
+        gold = self.cfg.gold
+        then = (f"gold folds them in {gold.backfill_delay} after it found them (gold.backfill: auto)"
+                if gold.backfill == "auto" else "`lakehouse backfill` (make backfill) folds them into gold")
+        return (f"{query_name} batch {batch_id}: {late:,} late event{'s' if late != 1 else ''}, behind "
+                f"{self.layer}'s watermark, kept in silver.late_events; {then}")
 
     def late_dropped(self, query_name: str, batch_id: int) -> int:
         """Rows Spark's stateful operators have dropped as late in the running batch so far (all

@@ -8,6 +8,7 @@ silver (started through `pipeline.runner.start`) is a new micro-batch on the sam
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -198,6 +199,17 @@ def isolated_config(root: Path):
     return load_config(env={**env, "LAKEHOUSE_ROOT": str(root / "lakehouse")})
 
 
+class Said(logging.Handler):
+    """What the accounting said during a run, at every level."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def stream(spark, tmp_path_factory):
     """BATCH_1, an available-now silver run, BATCH_2, another run on the same checkpoint, which
@@ -208,9 +220,17 @@ def stream(spark, tmp_path_factory):
     bronze_version = DeltaTable.forPath(spark, cfg.table_path("bronze", "events")).history(1).first().version
     runs = [run_silver(spark, cfg, no_data_batch=False)]
     files.append(append_bronze(spark, cfg, BATCH_2))
-    runs.append(run_silver(spark, cfg, no_data_batch=True))
+    said, books_log = Said(), logging.getLogger("common.accounting")
+    level = books_log.level
+    books_log.addHandler(said)
+    books_log.setLevel(logging.INFO)
+    try:
+        runs.append(run_silver(spark, cfg, no_data_batch=True))
+    finally:
+        books_log.removeHandler(said)
+        books_log.setLevel(level)
     yield SimpleNamespace(
-        cfg=cfg, files=files, runs=runs, bronze_version=bronze_version,
+        cfg=cfg, files=files, runs=runs, bronze_version=bronze_version, said=said.lines,
         silver=table(spark, cfg, "silver", "camera_events")
         .selectExpr("*", "date_format(start_time, 'HH:mm') AS start_hm").collect(),
         quarantine=table(spark, cfg, "silver", "quarantine").collect(),
@@ -253,6 +273,9 @@ def test_an_event_behind_the_watermark_is_kept_apart_and_counted_late(stream):
     assert kept.event_time == edge - timedelta(hours=3)
     assert (kept.zip_code, kept.unknown_device, kept.silver_batch_id) == ("60601", False, found_in)
     assert kept.backfilled_by is None
+    # ... and the batch says so, with what folds it into gold.
+    assert f"{QUERY} batch {found_in}: 1 late event, behind silver's watermark, kept in silver.late_events; " \
+           "`lakehouse backfill` (make backfill) folds them into gold" in stream.said, stream.said
 
 
 def test_rows_carry_the_event_time_frontier_silver_had_reached_before_their_batch(stream):
