@@ -59,6 +59,11 @@ def find_problems(cfg, layers, spark=None, names=None) -> list[str]:
     unreachable = checks.storage_problems(cfg)
     if unreachable:
         return unreachable + checks.validate_problems(layers)    # no table, checkpoint or lock can be read
+    from common import root_owner
+
+    wrong_root = root_owner.problem(cfg)
+    if wrong_root:        # every table and checkpoint there is another feed's: nothing else to say
+        return [wrong_root]
     problems = (preflight_problems(layers, names) + checks.validate_problems(layers)
                 + checks.lock_problems(cfg, layers))
     with session(cfg, "check", spark) as spark:

@@ -311,7 +311,13 @@ class Runner:
         try:
             with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]) as locks:
                 self.locks = locks
+                from common import root_owner
+
+                wrong_root = root_owner.problem(self.cfg)
+                if wrong_root:
+                    raise JobError(wrong_root)
                 preflight(self.layers)
+                root_owner.claim(self.cfg)
                 self.validation = Validation(self.layers)
                 return self._run_locked()
         except JobError as e:

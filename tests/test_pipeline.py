@@ -179,3 +179,33 @@ def test_the_runner_waits_for_each_layer_s_background_work_before_the_session_st
     assert settled == ["bronze", "silver"]
     silver = declare(cfg, ("silver",))[0]
     assert silver.settle.__func__ is Dimension.settle
+
+
+def test_a_root_belongs_to_the_profile_that_first_ran_there_and_another_is_refused(spark, env, tmp_path, logged):
+    """`make demo` then `make run-bronze PROFILE=events` on the same ./lakehouse would append the
+    events feed to Nest's bronze: the first run marks the root, another profile's run is refused
+    before any query, naming both; a root from before the marker is claimed only on evidence."""
+    from common import root_owner
+
+    root = str(tmp_path / "lakehouse")
+    nest = load_config(env=dict(env, LAKEHOUSE_ROOT=root))
+    events = load_config(env=dict(env, LAKEHOUSE_ROOT=root, PROFILE="events"))
+    ran = []
+    bronze = lambda: [Layer("bronze", None, (), settle=lambda: ran.append("bronze"))]   # noqa: E731
+    assert Runner(nest, bronze(), spark=spark).run() == 0
+    assert root_owner.owner(nest) == "nest" and root_owner.problem(nest) is None
+    assert Runner(events, bronze(), spark=spark).run() == 2
+    assert ran == ["bronze"]                    # the refused run started nothing
+    said = root_owner.problem(events)
+    assert said.startswith(f"the lakehouse at {root} belongs to profile nest") and "LAKEHOUSE_ROOT=" in said
+    assert said in logged.messages
+
+    # Before the marker: a root holding bronze and nest's silver is nest's; bronze alone, nobody's.
+    old = tmp_path / "old"
+    legacy = load_config(env=dict(env, LAKEHOUSE_ROOT=str(old)))
+    spark.range(1).write.format("delta").save(legacy.table_path("bronze", "events"))
+    root_owner.claim(legacy)
+    assert root_owner.owner(legacy) is None and root_owner.problem(legacy) is None
+    spark.range(1).write.format("delta").save(legacy.table_path("silver", legacy.silver_table))
+    root_owner.claim(legacy)
+    assert root_owner.owner(legacy) == "nest"
