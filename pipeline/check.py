@@ -59,7 +59,7 @@ def find_problems(cfg, layers, spark=None, names=None) -> list[str]:
     unreachable = checks.storage_problems(cfg)
     if unreachable:
         return unreachable + checks.validate_problems(layers)    # no table, checkpoint or lock can be read
-    from common import root_owner
+    from pipeline import root_owner
 
     wrong_root = root_owner.problem(cfg)
     if wrong_root:        # every table and checkpoint there is another feed's: nothing else to say

@@ -311,7 +311,7 @@ class Runner:
         try:
             with CheckpointLocks(self.cfg, [q for layer in self.layers for q in layer.queries]) as locks:
                 self.locks = locks
-                from common import root_owner
+                from pipeline import root_owner
 
                 wrong_root = root_owner.problem(self.cfg)
                 if wrong_root:

@@ -185,7 +185,7 @@ def test_a_root_belongs_to_the_profile_that_first_ran_there_and_another_is_refus
     """`make demo` then `make run-bronze PROFILE=events` on the same ./lakehouse would append the
     events feed to Nest's bronze: the first run marks the root, another profile's run is refused
     before any query, naming both; a root from before the marker is claimed only on evidence."""
-    from common import root_owner
+    from pipeline import root_owner
 
     root = str(tmp_path / "lakehouse")
     nest = load_config(env=dict(env, LAKEHOUSE_ROOT=root))
