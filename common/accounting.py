@@ -103,11 +103,10 @@ class Accounting:
     def late_line(self, query_name: str, batch_id: int, late: int) -> str:
         """What a batch that kept late events says: a backlog arriving behind the watermark (a
         camera back online) is otherwise only a row count that does not reach the next layer."""
-        gold = self.cfg.gold
-        then = (f"gold folds them in {gold.backfill_delay} after it found them (gold.backfill: auto)"
-                if gold.backfill == "auto" else "`lakehouse backfill` (make backfill) folds them into gold")
+        from common.late import folded_by
+
         return (f"{query_name} batch {batch_id}: {late:,} late event{'s' if late != 1 else ''}, behind "
-                f"{self.layer}'s watermark, kept in silver.late_events; {then}")
+                f"{self.layer}'s watermark, kept in silver.late_events; {folded_by(self.cfg)}")
 
     def late_dropped(self, query_name: str, batch_id: int) -> int:
         """Rows Spark's stateful operators have dropped as late in the running batch so far (all

@@ -42,6 +42,31 @@ FOUND = [StructField("late_for", StringType(), False),        # whose watermark 
          StructField("backfilled_at", TimestampType(), True)]
 
 
+def folded_by(cfg) -> str:
+    """What folds kept late events into gold under cfg (gold.backfill), as the run and status say it."""
+    gold = cfg.gold
+    if gold.backfill == "auto":
+        return f"gold folds them in {gold.backfill_delay} after it found them (gold.backfill: auto)"
+    return "`lakehouse backfill` (make backfill) folds them into gold"
+
+
+def pending(spark, cfg) -> dict | None:
+    """The kept late events no backfill has folded in yet: how many, per watermark they missed,
+    and their event-time span; None when there are none (or no table yet)."""
+    from common.storage import is_delta_table
+
+    path = cfg.table_path("silver", TABLE)
+    if not is_delta_table(path):
+        return None
+    rows = (spark.read.format("delta").load(path).where("backfilled_by IS NULL").groupBy("late_for")
+            .agg(F.count(F.lit(1)).alias("n"), F.min("event_time").alias("first"),
+                 F.max("event_time").alias("last")).collect())
+    if not rows:
+        return None
+    return {"events": sum(r.n for r in rows), "late_for": {r.late_for: r.n for r in rows},
+            "first_event_time": min(r.first for r in rows), "last_event_time": max(r.last for r in rows)}
+
+
 def schema(silver_schema: StructType) -> StructType:
     return StructType([*silver_schema.fields, *FOUND])
 

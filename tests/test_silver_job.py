@@ -253,7 +253,7 @@ def test_a_duplicate_is_dropped_within_and_across_micro_batches(spark, stream):
     assert totals(stream.books, second)["duplicates_dropped"] == 1
 
 
-def test_an_event_behind_the_watermark_is_kept_apart_and_counted_late(stream):
+def test_an_event_behind_the_watermark_is_kept_apart_and_counted_late(spark, stream):
     starts = {(r.device_id, r.start_hm) for r in stream.silver}
     assert ("cam-0003", "09:00") in starts
     assert not any(r.device_id == "cam-0004" and r.bronze_file_path == stream.files[1] for r in stream.silver)
@@ -276,6 +276,15 @@ def test_an_event_behind_the_watermark_is_kept_apart_and_counted_late(stream):
     # ... and the batch says so, with what folds it into gold.
     assert f"{QUERY} batch {found_in}: 1 late event, behind silver's watermark, kept in silver.late_events; " \
            "`lakehouse backfill` (make backfill) folds them into gold" in stream.said, stream.said
+    # `make status` lists it as waiting for a backfill, until one folds it in.
+    from common import late
+    from tools.status import render
+
+    waiting = late.pending(spark, stream.cfg)
+    assert waiting == {"events": 1, "late_for": {"silver": 1}, "first_event_time": kept.event_time,
+                       "last_event_time": kept.event_time}
+    text = render([{"query": QUERY, "state": "stopped"}], [], waiting, late.folded_by(stream.cfg))
+    assert "late events not yet in gold (silver.late_events): 1 (1 behind silver's watermark)" in text, text
 
 
 def test_rows_carry_the_event_time_frontier_silver_had_reached_before_their_batch(stream):

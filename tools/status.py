@@ -9,7 +9,8 @@ killed before it could record one. A checkpoint whose offset log is ahead of its
 a batch running now, or one that was interrupted and will be replayed.
 Below the queries: the keys the feed carries that the profile does not declare (ops.new_fields,
 written by silver's schema contract), when each first appeared and how many records have
-carried it since.
+carried it since; and the late events kept in silver.late_events that no backfill has folded
+into gold yet, with what folds them in.
 """
 from __future__ import annotations
 
@@ -196,13 +197,18 @@ COLUMNS = [("query", "query"), ("state", "state"), ("batch", "batch"), ("at", "l
            ("last_error", "last error")]
 
 
-def render(rows: list[dict], fields: list[dict] = ()) -> str:
+def render(rows: list[dict], fields: list[dict] = (), late: dict | None = None, folded_by: str = "") -> str:
     if not rows:
         return "no streaming query has run yet under this lakehouse (make run-all)"
     text = _table(COLUMNS, rows)
     if fields:
         text += ("\n\nkeys the profile does not declare (ops.new_fields; the profile's parse.contract "
                  "says what silver does with them):\n" + _table(FIELD_COLUMNS, fields))
+    if late:
+        missed = ", ".join(f"{n:,} behind {layer}'s" for layer, n in sorted(late["late_for"].items()))
+        text += (f"\n\nlate events not yet in gold (silver.late_events): {late['events']:,} ({missed} "
+                 f"watermark), event time {_cell(late['first_event_time'])} to "
+                 f"{_cell(late['last_event_time'])}; {folded_by}")
     return text
 
 
@@ -219,11 +225,15 @@ def main(argv=None, *, spark=None, cfg=None, prog: str = "tools.status") -> int:
     cfg = cfg or load_config()
     from common.spark import session
 
+    from common import late
+
     with session(cfg, "status", spark) as spark:
-        rows, fields = query_status(spark, cfg), new_fields(spark, cfg)
-    # --json keeps its list of queries; each new field is one more entry, marked as such.
-    print(json.dumps(rows + [{"new_field": f} for f in fields], indent=2, default=str) if args.json
-          else render(rows, fields))
+        rows, fields, pending = query_status(spark, cfg), new_fields(spark, cfg), late.pending(spark, cfg)
+    # --json keeps its list of queries; each new field is one more entry, marked as such, and so
+    # are the pending late events.
+    extra = [{"new_field": f} for f in fields] + ([{"late_events_pending": pending}] if pending else [])
+    print(json.dumps(rows + extra, indent=2, default=str) if args.json
+          else render(rows, fields, pending, late.folded_by(cfg)))
     return 0
 
 
